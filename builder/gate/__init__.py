@@ -1,0 +1,1 @@
+"""The throughput gate: workload, load generator, statistics, probes, verdict."""
