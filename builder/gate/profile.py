@@ -1,0 +1,107 @@
+"""Gate profiles: what to measure and which bars to hold, as one frozen model.
+
+A stack's `gate.profiles` are GateProfile objects; `BUILTIN_PROFILES` serve
+when no stack is given. Every field can be overridden from the command line
+(`GateProfile.model_copy(update=...)` after validation through `with_overrides`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from builder.gate.result import Workload
+
+# Greedy prompts for the correctness probe: short, plain, and different enough
+# that a server emitting the same text for all of them is noticed.
+DEFAULT_PROBE_PROMPTS: tuple[str, ...] = (
+    "The capital of France is",
+    "List three prime numbers:",
+    "def fibonacci(n):",
+)
+
+
+class GateProfile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    description: str = ""
+    api: Literal["completions", "generate"] = "completions"
+    model: str = "default"
+    concurrency: tuple[int, ...] = (1, 8)
+    input_len: int = Field(default=128, ge=1)
+    output_len: int = Field(default=256, ge=2)
+    ignore_eos: bool = True
+    seed: int = 0
+    warmup: int = Field(default=2, ge=0)
+    runs: int = Field(default=3, ge=1)
+    max_runs: int = Field(default=6, ge=1)
+    requests_per_slot: int = Field(default=1, ge=1)
+    timeout_s: float = Field(default=120.0, gt=0)
+    # relative slack: pass when the CI lower bound of candidate/incumbent >= 1 - tolerance
+    tolerance: float = Field(default=0.05, ge=0, lt=1)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    # absolute bars; None disables a bar
+    min_tok_s_c1: float | None = None
+    max_ttft_p99_ms: float | None = None
+    max_failed_requests: int = Field(default=0, ge=0)
+    # correctness probe: greedy prompts; golden texts (same order) when no live incumbent
+    probe_prompts: tuple[str, ...] = DEFAULT_PROBE_PROMPTS
+    probe_max_tokens: int = Field(default=32, ge=1)
+    probe_golden: tuple[str, ...] = ()
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(c < 1 for c in v):
+            raise ValueError("concurrency levels must be positive integers, e.g. [1, 30, 250]")
+        return tuple(sorted(set(v)))
+
+    def workload(self) -> Workload:
+        return Workload(
+            api=self.api,
+            model=self.model,
+            input_len=self.input_len,
+            output_len=self.output_len,
+            ignore_eos=self.ignore_eos,
+            seed=self.seed,
+            warmup=self.warmup,
+            concurrency=self.concurrency,
+            runs=self.runs,
+            max_runs=max(self.max_runs, self.runs),
+            requests_per_slot=self.requests_per_slot,
+            timeout_s=self.timeout_s,
+        )
+
+    def with_overrides(self, **fields: Any) -> GateProfile:
+        """A copy with the given fields replaced (None means: keep), validated again."""
+        data = self.model_dump()
+        data.update({k: v for k, v in fields.items() if v is not None})
+        return GateProfile.model_validate(data)
+
+
+BUILTIN_PROFILES: dict[str, GateProfile] = {
+    # Small enough for tests and the demo against the simulator at high --speed.
+    "quick": GateProfile(
+        description="short smoke gate: C=1,8, 64 in / 64 out, 3 runs (up to 6)",
+        concurrency=(1, 8),
+        input_len=64,
+        output_len=64,
+        warmup=2,
+        runs=3,
+        max_runs=6,
+        timeout_s=60.0,
+    ),
+    # The users' hand procedure (seeds/000, seeds/004): 10 runs of 2048 tokens after
+    # warmup, sweep at C=1, 30, 250.
+    "users": GateProfile(
+        description="the users' sweep: C=1,30,250, 2048 out tokens, 10 runs",
+        concurrency=(1, 30, 250),
+        input_len=128,
+        output_len=2048,
+        warmup=3,
+        runs=10,
+        max_runs=15,
+        timeout_s=1800.0,
+    ),
+}
