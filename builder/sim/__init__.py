@@ -1,0 +1,1 @@
+"""The SGLang-compatible simulated server: timing model, profiles, faults, HTTP API."""

@@ -1,0 +1,207 @@
+"""SGLang's request and response shapes (0.5.23 field names), as pure functions.
+
+Requests are parsed into one `GenParams`; responses are built as plain dicts for
+/generate (native), /v1/completions and /v1/chat/completions (OpenAI style).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from builder.sim.text import count_prompt_tokens, prompt_key
+
+Route = Literal["generate", "completions", "chat"]
+
+
+class BadRequest(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GenParams:
+    route: Route
+    rid: str
+    key: bytes
+    prompt_tokens: int
+    max_new_tokens: int
+    temperature: float
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    model: str
+
+
+def _int(v: Any, name: str, default: int) -> int:
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise BadRequest(f"{name} must be a non-negative integer")
+    return v
+
+
+def _float(v: Any, name: str, default: float) -> float:
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise BadRequest(f"{name} must be a number")
+    return float(v)
+
+
+def _prompt(text: Any, ids: Any) -> tuple[str | None, list[int] | None]:
+    if ids is not None:
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise BadRequest("input_ids must be a list of integers (one prompt)")
+        return None, ids
+    if isinstance(text, str):
+        return text, None
+    if isinstance(text, list) and text and all(isinstance(i, int) for i in text):
+        return None, text
+    if isinstance(text, list) and len(text) == 1:
+        return _prompt(text[0], None)
+    raise BadRequest("prompt must be a string or a list of token ids (one prompt)")
+
+
+def parse(route: Route, body: Any, rid: str, served_model: str) -> GenParams:
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    if route == "generate":
+        sp = body.get("sampling_params") or {}
+        if not isinstance(sp, dict):
+            raise BadRequest("sampling_params must be an object")
+        text, ids = _prompt(body.get("text"), body.get("input_ids"))
+        max_new = _int(sp.get("max_new_tokens"), "max_new_tokens", 128)
+        temp = _float(sp.get("temperature"), "temperature", 1.0)
+        ignore_eos = bool(sp.get("ignore_eos", False))
+        rid = str(body.get("rid") or rid)
+        include_usage = False
+    else:
+        if route == "chat":
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs:
+                raise BadRequest("messages must be a non-empty list")
+            text = "\n".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+            ids = None
+            max_raw = body.get("max_completion_tokens", body.get("max_tokens"))
+        else:
+            text, ids = _prompt(body.get("prompt"), None)
+            max_raw = body.get("max_tokens")
+        max_new = _int(max_raw, "max_tokens", 16)
+        temp = _float(body.get("temperature"), "temperature", 1.0)
+        ignore_eos = bool(body.get("ignore_eos", False))
+        opts = body.get("stream_options") or {}
+        include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+    if max_new < 1:
+        raise BadRequest("max_new_tokens must be at least 1")
+    return GenParams(
+        route=route,
+        rid=rid,
+        key=prompt_key(text, ids),
+        prompt_tokens=count_prompt_tokens(text, ids),
+        max_new_tokens=max_new,
+        temperature=temp,
+        ignore_eos=ignore_eos,
+        stream=bool(body.get("stream", False)),
+        include_usage=include_usage,
+        model=str(body.get("model") or served_model),
+    )
+
+
+def finish_reason(done: bool, stopped: bool, n: int, stop_id: int) -> dict[str, Any] | None:
+    if not done:
+        return None
+    if stopped:
+        return {"type": "stop", "matched": stop_id}
+    return {"type": "length", "length": n}
+
+
+def meta_info(
+    p: GenParams, completion: int, fr: dict[str, Any] | None, started: float, accept: float | None
+) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "id": p.rid,
+        "finish_reason": fr,
+        "prompt_tokens": p.prompt_tokens,
+        "completion_tokens": completion,
+        "cached_tokens": 0,
+        "e2e_latency": time.monotonic() - started,
+    }
+    if accept is not None:
+        info["spec_accept_length"] = accept
+    return info
+
+
+def usage(p: GenParams, completion: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": p.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": p.prompt_tokens + completion,
+        "prompt_tokens_details": None,
+    }
+
+
+def _oai_reason(fr: dict[str, Any] | None) -> str | None:
+    return None if fr is None else str(fr["type"])
+
+
+def oai_chunk(
+    p: GenParams, created: int, delta: str, fr: dict[str, Any] | None, first: bool
+) -> dict[str, Any]:
+    reason = _oai_reason(fr)
+    if p.route == "chat":
+        d: dict[str, Any] = {"content": delta}
+        if first:
+            d["role"] = "assistant"
+        choice: dict[str, Any] = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason}
+        obj = "text_completion"
+    choice["matched_stop"] = None
+    return {
+        "id": p.rid,
+        "object": obj,
+        "created": created,
+        "model": p.model,
+        "choices": [choice],
+        "usage": None,
+    }
+
+
+def oai_usage_chunk(p: GenParams, created: int, completion: int) -> dict[str, Any]:
+    obj = "chat.completion.chunk" if p.route == "chat" else "text_completion"
+    return {
+        "id": p.rid,
+        "object": obj,
+        "created": created,
+        "model": p.model,
+        "choices": [],
+        "usage": usage(p, completion),
+    }
+
+
+def oai_full(
+    p: GenParams, created: int, text: str, fr: dict[str, Any] | None, completion: int
+) -> dict[str, Any]:
+    reason = _oai_reason(fr)
+    if p.route == "chat":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": reason,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        obj = "text_completion"
+    choice["matched_stop"] = None
+    return {
+        "id": p.rid,
+        "object": obj,
+        "created": created,
+        "model": p.model,
+        "choices": [choice],
+        "usage": usage(p, completion),
+    }

@@ -1,0 +1,88 @@
+"""/metrics in Prometheus text format with sglang's metric names (model_name label)."""
+
+from __future__ import annotations
+
+import bisect
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
+
+
+class Histogram:
+    def __init__(self, name: str, doc: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.doc, self.buckets = name, doc, buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, v)] += 1
+        self.total += v
+        self.n += 1
+
+    def lines(self, labels: str) -> list[str]:
+        out = [f"# HELP {self.name} {self.doc}", f"# TYPE {self.name} histogram"]
+        acc = 0
+        for b, c in zip(self.buckets, self.counts, strict=False):
+            acc += c
+            out.append(f'{self.name}_bucket{{{labels},le="{b}"}} {acc}')
+        out.append(f'{self.name}_bucket{{{labels},le="+Inf"}} {self.n}')
+        out.append(f"{self.name}_sum{{{labels}}} {self.total}")
+        out.append(f"{self.name}_count{{{labels}}} {self.n}")
+        return out
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+        )
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Histogram of End-to-end request latency in seconds",
+            E2E_BUCKETS,
+        )
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+            ITL_BUCKETS,
+        )
+
+
+def render(
+    model_name: str,
+    *,
+    running: int,
+    queued: int,
+    gen_throughput: float,
+    accept_length: float,
+    prompt_tokens: int,
+    generation_tokens: int,
+    requests: int,
+    hist: Metrics,
+) -> str:
+    lb = f'model_name="{model_name}"'
+    gauges = [
+        ("sglang:num_running_reqs", "The number of running requests.", running),
+        ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", queued),
+        ("sglang:gen_throughput", "The generation throughput (token/s).", gen_throughput),
+        ("sglang:spec_accept_length", "The average acceptance length of speculative decoding.",
+         accept_length),
+        ("sglang:cache_hit_rate", "The prefix cache hit rate.", 0.0),
+    ]
+    counters = [
+        ("sglang:prompt_tokens_total", "Number of prefill tokens processed.", prompt_tokens),
+        ("sglang:generation_tokens_total", "Number of generation tokens processed.",
+         generation_tokens),
+        ("sglang:num_requests_total", "Number of requests processed.", requests),
+    ]
+    out: list[str] = []
+    for name, doc, v in gauges:
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name}{{{lb}}} {float(v)}"]
+    for name, doc, v in counters:
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} counter",
+                f'{name}{{{lb},is_streaming="true"}} {float(v)}']
+    for h in (hist.ttft, hist.itl, hist.e2e):
+        out += h.lines(lb)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,44 @@
+"""Deterministic "greedy" text: the output is a function of the prompt alone.
+
+Speculative decoding does not change greedy output, so every profile produces
+the same text for the same prompt; that is what the gate's probe relies on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+_ONSETS = ("b", "c", "d", "f", "g", "l", "m", "n", "p", "r", "s", "t", "v", "st", "tr", "pl")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
+_CODAS = ("", "n", "r", "s", "l", "nd", "th")
+
+# id -> piece; 0 is what a model with NaN logits keeps picking
+VOCAB: tuple[str, ...] = ("!",) + tuple(
+    " " + o + v + c for o in _ONSETS for v in _VOWELS for c in _CODAS
+) + tuple(f" {w}" for w in ("the", "of", "and", "to", "in", "is", "a", "that")) + (".", ",")
+VOCAB_SIZE = len(VOCAB)
+
+
+def prompt_key(text: str | None, input_ids: list[int] | None) -> bytes:
+    if input_ids is not None:
+        return b"ids:" + ",".join(map(str, input_ids)).encode()
+    return b"text:" + (text or "").encode()
+
+
+def greedy_ids(key: bytes, n: int, *, temperature: float = 0.0, rid: str = "") -> list[int]:
+    """The first n token ids of the continuation; temperature > 0 mixes in the request id."""
+    seed_src = key if temperature <= 0 else key + b"|" + rid.encode()
+    rng = random.Random(hashlib.sha256(seed_src).digest())
+    return [rng.randrange(1, VOCAB_SIZE) for _ in range(n)]
+
+
+def detokenize(ids: list[int]) -> str:
+    return "".join(VOCAB[i % VOCAB_SIZE] for i in ids)
+
+
+def count_prompt_tokens(text: str | None, input_ids: list[int] | None) -> int:
+    if input_ids is not None:
+        return len(input_ids)
+    # roughly one token per word piece, at least one
+    return max(1, len((text or "").split()))
