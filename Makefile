@@ -16,7 +16,7 @@ unit:
 lint:
 	ruff check builder tests bench
 	mypy
-	stackbuild render cuda13 --check --out .
+	stackbuild render cuda13 --check
 
 infra:
 	bash scripts/infra/up.sh

@@ -1,0 +1,278 @@
+"""Compatibility rules as data: one table of (id, severity, condition, message, source).
+
+Each condition is a small pure function of the Stack that yields the spec
+paths it objects to (and values for the message). `check_rules` turns hits
+into findings that point at those paths in the YAML.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from builder.errors import Finding
+from builder.spec import Stack, positions
+
+Hit = tuple[tuple[str | int, ...], dict[str, Any]]
+
+
+# --- facts (data) -------------------------------------------------------------
+
+# Driver floor per CUDA major.minor (NVIDIA CUDA toolkit release notes, table 3).
+DRIVER_FLOOR: dict[tuple[int, int], int] = {(12, 8): 570, (12, 9): 575, (13, 0): 580, (13, 1): 590}
+
+# cuXYZ wheels on the PyTorch index by torch release (minor -> tags).
+# Source: the pytorch.org "previous versions" matrix; 2.12+ dropped cu128.
+TORCH_CUDA_WHEELS: dict[tuple[int, int], frozenset[str]] = {
+    (2, 7): frozenset({"cu118", "cu126", "cu128"}),
+    (2, 8): frozenset({"cu126", "cu128", "cu129"}),
+    (2, 9): frozenset({"cu126", "cu128", "cu130"}),
+    (2, 10): frozenset({"cu126", "cu128", "cu130"}),
+    (2, 11): frozenset({"cu126", "cu128", "cu130"}),
+    (2, 12): frozenset({"cu126", "cu130"}),
+    (2, 13): frozenset({"cu126", "cu130", "cu132"}),
+    (2, 14): frozenset({"cu126", "cu130", "cu132"}),
+}
+
+# What each sglang release pins (Requires-Dist of its wheel); used when the
+# release's own metadata is not at hand (offline, no cache).
+SGLANG_PINS: dict[str, dict[str, str]] = {
+    "0.5.23": {"torch": "2.14.1", "sglang-kernel": "0.4.10", "flashinfer-python": "0.7.2"},
+}
+COMPONENT_DIST = {"torch": "torch", "sgl_kernel": "sglang-kernel", "flashinfer": "flashinfer-python"}
+
+# Arches that need at least this CUDA (sm_100/sm_120 arrived in 12.8, sm_103/sm_121 in 12.9).
+ARCH_MIN_CUDA: dict[str, tuple[int, int]] = {"sm_100": (12, 8), "sm_120": (12, 8), "sm_103": (12, 9), "sm_121": (12, 9)}
+
+
+def driver_floor(cuda: str | None) -> int | None:
+    if not cuda:
+        return None
+    major, minor = (int(x) for x in cuda.split(".")[:2])
+    floors = [v for (ma, mi), v in DRIVER_FLOOR.items() if (ma, mi) <= (major, minor)]
+    return max(floors) if floors else None
+
+
+def _ver(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def _cu_tag(index: str | None) -> str | None:
+    m = re.search(r"/(cu\d{3})/?$", index or "")
+    return m.group(1) if m else None
+
+
+def _flag_on(stack: Stack, name: str) -> bool:
+    v = stack.server.flags.get(name)
+    return v is not None and v is not False
+
+
+def _source_env(stack: Stack, comp: str, key: str) -> tuple[str | None, tuple[str | int, ...]]:
+    c = getattr(stack.components, comp)
+    if c is None or c.source is None:
+        return None, ()
+    return c.source.env.get(key), ("components", comp, "source", "env", key)
+
+
+def _fusion_patched(stack: Stack) -> bool:
+    return any("flashinfer_comm_fusion.py" in p.text for p in stack.patches)
+
+
+def _sm120(stack: Stack) -> bool:
+    return "sm_120" in stack.arches
+
+
+def _fusion_flags(stack: Stack) -> Iterator[str]:
+    if _flag_on(stack, "--enable-flashinfer-allreduce-fusion"):
+        yield "--enable-flashinfer-allreduce-fusion"
+    if stack.server.flags.get("--flashinfer-allreduce-fusion-backend") not in (None, False, "none", "disabled"):
+        yield "--flashinfer-allreduce-fusion-backend"
+
+
+# --- conditions ---------------------------------------------------------------
+
+def _arch_cuda(s: Stack) -> Iterator[Hit]:
+    for i, arch in enumerate(s.arches):
+        need = ARCH_MIN_CUDA.get(arch)
+        if need and s.cuda_mm and s.cuda_mm < need:
+            yield ("arches", i), {"arch": arch, "need": f"{need[0]}.{need[1]}", "cuda": s.cuda}
+
+
+def _fi_arch(s: Stack) -> Iterator[Hit]:
+    val, path = _source_env(s, "flashinfer", "FLASHINFER_CUDA_ARCH_LIST")
+    if val and s.cuda_mm and s.cuda_mm < (12, 9):
+        for tok in val.split():
+            if tok.endswith("f"):
+                yield path, {"arch": tok, "alt": tok[:-1] + "a", "cuda": s.cuda}
+
+
+def _torch_wheel(s: Stack) -> Iterator[Hit]:
+    t = s.components.torch
+    if t is None or t.source is not None:
+        return
+    tag = _cu_tag(t.index)
+    if tag is None:
+        return
+    minor = _ver(t.version)[:2]
+    have = TORCH_CUDA_WHEELS.get((minor[0], minor[1])) if len(minor) == 2 else None
+    if have is not None and tag not in have:
+        yield ("components", "torch", "index"), {"version": t.version, "tag": tag, "have": ", ".join(sorted(have))}
+
+
+def _torch_index_cuda(s: Stack) -> Iterator[Hit]:
+    t = s.components.torch
+    tag = _cu_tag(t.index if t else None)
+    if tag and s.cuda_mm:
+        want = f"cu{s.cuda_mm[0]}{s.cuda_mm[1]}"
+        if tag[:4] != want[:4]:
+            yield ("components", "torch", "index"), {"tag": tag, "cuda": s.cuda, "want": want}
+
+
+def _pins(s: Stack) -> Iterator[Hit]:
+    v = s.sglang_version
+    if v is None:
+        return
+    pins = _release_pins(v)
+    for comp, dist in COMPONENT_DIST.items():
+        c = getattr(s.components, comp)
+        want = pins.get(dist)
+        if c is not None and want and c.version != want:
+            yield ("components", comp, "version"), {"comp": comp, "have": c.version, "want": want, "sglang": v}
+
+
+def _release_pins(version: str) -> dict[str, str]:
+    from builder import sglang
+
+    if sglang.wheel_path(version) or (sglang.cache_dir() / "sglang" / version / "flags.json").is_file():
+        try:
+            req = sglang.load_table(version, offline=True).requires
+            if req:
+                return req
+        except Exception:  # a broken cache falls back to the table below
+            pass
+    return SGLANG_PINS.get(version, {})
+
+
+def _fusion_patch(s: Stack) -> Iterator[Hit]:
+    if _sm120(s) and s.sglang_version and _ver(s.sglang_version) <= (0, 5, 23) and not _fusion_patched(s):
+        for f in _fusion_flags(s):
+            yield ("server", "flags", f), {"flag": f, "sglang": s.sglang_version}
+
+
+def _fusion_cuda128(s: Stack) -> Iterator[Hit]:
+    if _sm120(s) and s.cuda_mm and s.cuda_mm < (13, 0):
+        for f in _fusion_flags(s):
+            yield ("server", "flags", f), {"flag": f, "cuda": s.cuda}
+
+
+def _symm_mem(s: Stack) -> Iterator[Hit]:
+    if _sm120(s) and _flag_on(s, "--enable-torch-symm-mem"):
+        yield ("server", "flags", "--enable-torch-symm-mem"), {}
+
+
+def _spec_cap(s: Stack) -> Iterator[Hit]:
+    if s.server.flags.get("--speculative-algorithm") and "--max-running-requests" not in s.server.flags:
+        yield ("server", "flags", "--speculative-algorithm"), {}
+
+
+def _adaptive_topk(s: Stack) -> Iterator[Hit]:
+    if _flag_on(s, "--speculative-adaptive"):
+        topk = s.server.flags.get("--speculative-eagle-topk")
+        if topk is not None and str(topk) != "1":
+            yield ("server", "flags", "--speculative-adaptive"), {"topk": topk}
+
+
+def _moe_runner(s: Stack) -> Iterator[Hit]:
+    v = s.server.flags.get("--moe-runner-backend")
+    if _sm120(s) and v in ("auto", "flashinfer_trtllm") and not any(a.startswith("sm_10") for a in s.arches):
+        yield ("server", "flags", "--moe-runner-backend"), {"value": v}
+
+
+def _driver(s: Stack) -> Iterator[Hit]:
+    floor = driver_floor(s.cuda)
+    if floor and s.host.driver and _ver(s.host.driver)[0] < floor:
+        yield ("host", "driver"), {"driver": s.host.driver, "floor": floor, "cuda": s.cuda}
+
+
+def _tp_gpus(s: Stack) -> Iterator[Hit]:
+    tp_flag = s.server.flags.get("--tp-size", s.server.flags.get("--tensor-parallel-size"))
+    if tp_flag is not None and str(tp_flag) != str(s.runtime.tp):
+        yield ("server", "flags", "--tp-size"), {"flag": tp_flag, "tp": s.runtime.tp}
+    n = s.runtime.gpu_count
+    if n is not None and s.runtime.tp > n:
+        yield ("runtime", "tp"), {"tp": s.runtime.tp, "gpus": n}
+
+
+def _base_cuda(s: Stack) -> Iterator[Hit]:
+    m = re.search(r"cuda:(\d+\.\d+(?:\.\d+)?)", s.base_image)
+    if m and s.cuda and not m.group(1).startswith(s.cuda) and not s.cuda.startswith(m.group(1)):
+        yield ("base_image",), {"image": m.group(1), "cuda": s.cuda}
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    condition: Callable[[Stack], Iterator[Hit]]
+    message: str
+    source: str
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("arch-cuda", "error", _arch_cuda,
+         "{arch} needs CUDA >= {need} (stack has {cuda}); raise cuda or drop the arch",
+         "NVIDIA CUDA 12.8/12.9 release notes: Blackwell targets"),
+    Rule("flashinfer-arch", "error", _fi_arch,
+         "FLASHINFER_CUDA_ARCH_LIST '{arch}' needs CUDA >= 12.9 (stack has {cuda}); use '{alt}'",
+         "flashinfer build docs: family-specific 'f' targets need nvcc 12.9"),
+    Rule("torch-wheel", "error", _torch_wheel,
+         "torch {version} has no {tag} wheel (it ships {have}); build torch from source or pick another torch",
+         "download.pytorch.org wheel index"),
+    Rule("torch-index-cuda", "error", _torch_index_cuda,
+         "torch index {tag} does not match the stack's CUDA {cuda}; use the {want} index",
+         "torch wheels bundle their CUDA runtime; mixing majors breaks extensions"),
+    Rule("sglang-pins", "error", _pins,
+         "{comp} {have} disagrees with sglang {sglang}, which pins {want}; pin {want} or change sglang",
+         "sglang wheel METADATA Requires-Dist"),
+    Rule("sm120-fusion-patch", "error", _fusion_patch,
+         "{flag} on sm_120 with sglang {sglang} raises 'requires SM90 or SM10X'; add a patch to "
+         "srt/layers/flashinfer_comm_fusion.py (see stacks/patches/)",
+         "sglang srt/layers/flashinfer_comm_fusion.py"),
+    Rule("sm120-fusion-cuda", "error", _fusion_cuda128,
+         "{flag} on sm_120 under CUDA {cuda} fails in FlashInfer's JIT; use the CUDA 13 stack",
+         "users' results table: 'FlashInfer fusion SM120: FAILED (JIT unsupported)'"),
+    Rule("sm120-symm-mem", "warning", _symm_mem,
+         "--enable-torch-symm-mem has no effect on sm_120 (capability 12 is not in torch's table)",
+         "torch symmetric memory size table; sglang logs 'not supported'"),
+    Rule("spec-running-cap", "warning", _spec_cap,
+         "speculative decoding without --max-running-requests silently caps the batch at 48; set it",
+         "sglang 0.5.23 speculative_hook: default max_running_requests=48"),
+    Rule("spec-adaptive-topk", "error", _adaptive_topk,
+         "--speculative-adaptive needs --speculative-eagle-topk 1 (have {topk}); set topk to 1",
+         "sglang 0.5.23 speculative_hook"),
+    Rule("sm120-moe-runner", "warning", _moe_runner,
+         "--moe-runner-backend {value} picks flashinfer_trtllm, which is SM100-only; use flashinfer_cutlass",
+         "sglang 0.5.23 moe_hook"),
+    Rule("driver-floor", "error", _driver,
+         "driver {driver} is below {floor}, the floor for CUDA {cuda}; upgrade the host driver",
+         "NVIDIA CUDA toolkit release notes, minimum driver versions"),
+    Rule("tp-gpus", "error", _tp_gpus,
+         "tensor parallel size and GPUs disagree ({values}); make --tp-size, runtime.tp and runtime.gpus agree",
+         "sglang needs one GPU per TP rank"),
+    Rule("base-image-cuda", "error", _base_cuda,
+         "base image is CUDA {image} but the stack says cuda {cuda}; make them agree",
+         "nvidia/cuda image tags"),
+)
+
+
+def check_rules(stack: Stack, rules: tuple[Rule, ...] = RULES) -> list[Finding]:
+    loc = positions(stack)
+    out = []
+    for rule in rules:
+        for path, ctx in rule.condition(stack):
+            pos = loc.keys.get(path) or loc.pos(path)
+            ctx.setdefault("values", ", ".join(f"{k}={v}" for k, v in ctx.items()))
+            out.append(Finding(pos.file, pos.line, pos.col, rule.severity, rule.message.format(**ctx), rule.id))
+    return out

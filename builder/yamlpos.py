@@ -1,0 +1,118 @@
+"""YAML -> plain data plus the file:line:col of every key and value.
+
+PyYAML's composer keeps node marks; the constructor throws them away. We walk
+the composed node tree ourselves so every error can point into the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+Path_ = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Pos:
+    file: str
+    line: int  # 1-based
+    col: int  # 1-based
+
+
+@dataclass
+class Located:
+    """Data loaded from one YAML document, with positions by path."""
+
+    data: Any
+    file: str
+    values: dict[Path_, Pos] = field(default_factory=dict)
+    keys: dict[Path_, Pos] = field(default_factory=dict)
+
+    def pos(self, path: Path_) -> Pos:
+        """Best position for `path`: the value, else its key, else the nearest parent."""
+        p = tuple(path)
+        while True:
+            if p in self.values:
+                return self.values[p]
+            if p in self.keys:
+                return self.keys[p]
+            if not p:
+                return Pos(self.file, 1, 1)
+            p = p[:-1]
+
+
+class YamlProblem(Exception):
+    def __init__(self, pos: Pos, message: str, rule: str) -> None:
+        self.pos, self.message, self.rule = pos, message, rule
+        super().__init__(message)
+
+
+def _pos(file: str, node: yaml.Node) -> Pos:
+    return Pos(file, node.start_mark.line + 1, node.start_mark.column + 1)
+
+
+class _Constructor(yaml.SafeLoader):
+    """Only used for scalar resolution and merge-key flattening."""
+
+
+def load_located(text: str, file: str) -> Located:
+    """Parse one YAML document; raise YamlProblem with a position on any error."""
+    try:
+        loader = _Constructor(text)
+        try:
+            node = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        pos = Pos(file, mark.line + 1, mark.column + 1) if mark else Pos(file, 1, 1)
+        problem = (err.problem or err.context or "invalid YAML").strip()
+        raise YamlProblem(pos, f"YAML syntax: {problem}; fix the YAML at this spot", "yaml-syntax") from err
+    except yaml.YAMLError as err:
+        raise YamlProblem(Pos(file, 1, 1), f"YAML: {err}", "yaml-syntax") from err
+    out = Located(data=None, file=file)
+    if node is None:
+        out.data = {}
+        return out
+    out.data = _walk(node, (), out, loader)
+    return out
+
+
+def _walk(node: yaml.Node, path: Path_, out: Located, loader: _Constructor) -> Any:
+    out.values[path] = _pos(out.file, node)
+    if isinstance(node, yaml.MappingNode):
+        try:
+            loader.flatten_mapping(node)
+        except yaml.MarkedYAMLError as err:
+            raise YamlProblem(_pos(out.file, node), f"YAML merge key: {err.problem}", "yaml-syntax") from err
+        result: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = _scalar(key_node, out, loader)
+            if not isinstance(key, str | int | float | bool) or isinstance(key, bool):
+                raise YamlProblem(
+                    _pos(out.file, key_node), "mapping keys must be plain strings; quote the key", "yaml-key"
+                )
+            skey = str(key)
+            if skey in result:
+                raise YamlProblem(
+                    _pos(out.file, key_node),
+                    f"duplicate key '{skey}' (YAML keeps only the last one); remove one of them",
+                    "duplicate-key",
+                )
+            out.keys[(*path, skey)] = _pos(out.file, key_node)
+            result[skey] = _walk(value_node, (*path, skey), out, loader)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [_walk(child, (*path, i), out, loader) for i, child in enumerate(node.value)]
+    return _scalar(node, out, loader)
+
+
+def _scalar(node: yaml.Node, out: Located, loader: _Constructor) -> Any:
+    if not isinstance(node, yaml.ScalarNode):
+        raise YamlProblem(_pos(out.file, node), "a mapping or list cannot be used as a key", "yaml-key")
+    try:
+        return loader.construct_object(node, deep=True)
+    except yaml.YAMLError as err:
+        raise YamlProblem(_pos(out.file, node), f"bad scalar: {err}", "yaml-syntax") from err
