@@ -44,10 +44,8 @@ class StackRef:
 
     @property
     def display(self) -> str:
-        try:
-            return os.path.relpath(self.path, Path.cwd())
-        except ValueError:
-            return str(self.path)
+        cwd = Path.cwd().resolve()
+        return os.path.relpath(self.path, cwd) if self.path.is_relative_to(cwd) else str(self.path)
 
 
 def _ref_for_file(path: Path) -> StackRef:

@@ -252,7 +252,8 @@ def _apply_variant(raw: RawSpec, variant: str | None) -> tuple[dict[str, Any], L
         return data, loc, []
     if variant not in variants:
         names = ", ".join(sorted(variants)) or "none"
-        return data, loc, [_problem(raw.located.pos(("variants",)) if variants else raw.located.pos(()),
+        where = raw.located.keys.get(("variants",)) or raw.located.pos(())
+        return data, loc, [_problem(where,
                                     f"unknown variant '{variant}' (this stack has: {names})", "variant")]
     overlay = variants[variant] or {}
     if not isinstance(overlay, dict):
@@ -289,6 +290,7 @@ def _load_patches(data: dict[str, Any], loc: Located, root: Path) -> tuple[list[
 
 def _did_you_mean(word: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    close = close or [c for c in choices if c.startswith(word) or word.startswith(c)][:1]
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
@@ -368,9 +370,8 @@ def load_stack(name_or_path: str | Path, *, root: Path | None = None, variant: s
         stack = Stack.model_validate(fields)
     except ValidationError as err:
         problems += _validation_findings(err, loc)
-        raise SpecError(problems) from None
     if problems:
-        raise SpecError(problems)
+        raise SpecError(sorted(problems, key=lambda f: (f.path, f.line, f.col)))
     stack._located = loc
     return stack
 

@@ -1,0 +1,53 @@
+"""Shared bits for spec tests: a project root in tmp_path and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from builder.cli import main
+
+BASE = """\
+base_image: nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
+cuda: "13.0.1"
+arches: [sm_120]
+components:
+  torch: {version: 2.14.1, index: "https://download.pytorch.org/whl/cu130"}
+  sgl_kernel: {version: 0.4.10}
+  flashinfer: {version: 0.7.2}
+  sglang: {version: 0.5.23}
+server:
+  model_path: /models/m
+  flags:
+    --tp-size: 8
+  env:
+    SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: "1"
+runtime:
+  gpus: 8
+  tp: 8
+"""
+
+
+def project(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = tmp_path / "stacks" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp_path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str, cwd: Path | None = None) -> tuple[int, list[str], str]:
+    """Run the CLI in-process; with `--root R` it runs from R, as a user would."""
+    if cwd is None and "--root" in argv:
+        cwd = Path(argv[argv.index("--root") + 1])
+    old = Path.cwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        rc = main(list(argv))
+    finally:
+        os.chdir(old)
+    out, err = capsys.readouterr()
+    return rc, [ln for ln in err.splitlines() if ln.strip()], out
