@@ -56,3 +56,122 @@ def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
         raise InfraError(f"sim: cannot listen on {host}:{port}: {err.strerror or err}; "
                          "pick a free --port") from None
     set_exit(rc)
+
+
+def _levels(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        levels = tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"--concurrency: {value!r} is not a comma-separated list of "
+                         "integers, e.g. 1,30,250") from None
+    return levels
+
+
+def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) -> Any:
+    from builder.gate.profile import BUILTIN_PROFILES
+
+    if stack is None:
+        chosen = name or "quick"
+        if chosen not in BUILTIN_PROFILES:
+            raise InputError(f"--profile: no built-in gate profile {chosen!r} (built-in: "
+                             f"{', '.join(BUILTIN_PROFILES)}); or pass --stack STACK")
+        return BUILTIN_PROFILES[chosen]
+    from builder.spec import load_stack
+
+    spec = load_stack(stack, root=(ctx.obj or {}).get("root"))
+    chosen = name or spec.gate.default_profile
+    profiles = {**BUILTIN_PROFILES, **spec.gate.profiles}
+    if chosen not in profiles:
+        raise InputError(f"{spec.source}: gate.profiles has no {chosen!r} (has: "
+                         f"{', '.join(profiles)}); add it or pick another --profile")
+    return profiles[chosen]
+
+
+def _record(ledger: Path, result: Any) -> None:
+    import importlib
+
+    mod = importlib.import_module("builder.ledger")
+    mod.Ledger(ledger).record_gate(result)
+    click.echo(f"ledger: recorded {result.name} in {ledger}", err=True)
+    report_path_for = getattr(mod, "report_path_for", None)
+    if report_path_for is not None:
+        click.echo(f"report: {report_path_for(ledger)}", err=True)
+
+
+@click.command("gate")
+@click.option("--url", required=True, help="the candidate server, e.g. http://127.0.0.1:30000")
+@click.option("--baseline", "baseline_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="the incumbent's stored result (a --json file of an earlier gate)")
+@click.option("--baseline-url", help="a live incumbent server, measured in alternation")
+@click.option("--stack", help="take gate profiles from this stack spec")
+@click.option("--profile", "profile_name", help="gate profile (default: the stack's, else quick)")
+@click.option("--name", default="candidate", show_default=True,
+              help="label of the measured configuration in the results")
+@click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path),
+              help="record the result in this ledger")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--junit", "junit_out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--concurrency", help="levels, e.g. 1,30,250")
+@click.option("--runs", type=click.IntRange(min=1))
+@click.option("--max-runs", type=click.IntRange(min=1))
+@click.option("--warmup", type=click.IntRange(min=0))
+@click.option("--input-len", type=click.IntRange(min=1))
+@click.option("--output-len", type=click.IntRange(min=2))
+@click.option("--requests-per-slot", type=click.IntRange(min=1))
+@click.option("--tolerance", type=click.FloatRange(0, 99), help="percent, e.g. 5")
+@click.option("--api", type=click.Choice(["completions", "generate"]))
+@click.option("--model", help="model name sent in requests")
+@click.option("--seed", type=int)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), help="per request, s")
+@click.option("--min-tok-s-c1", type=float)
+@click.option("--max-ttft-p99-ms", type=float)
+@click.option("--max-failed-requests", type=click.IntRange(min=0))
+@click.option("--progress/--no-progress", "show_progress", default=None,
+              help="live display (default: on when stderr is a terminal)")
+@click.pass_context
+def gate_cmd(ctx: click.Context, url: str, baseline_file: Path | None, baseline_url: str | None,
+             stack: str | None, profile_name: str | None, name: str, ledger: Path | None,
+             json_out: Path | None, junit_out: Path | None, concurrency: str | None,
+             tolerance: float | None, show_progress: bool | None, **overrides: Any) -> None:
+    """Measure a server against an incumbent and decide: exit 0 pass, 1 fail, 3 inconclusive."""
+    import sys
+
+    from pydantic import ValidationError
+
+    from builder.errors import GateFailed, GateInconclusive
+    from builder.gate.report import markdown_summary, read_json, write_json, write_junit
+    from builder.gate.runner import run_gate
+
+    profile = _resolve_profile(ctx, stack, profile_name)
+    try:
+        profile = profile.with_overrides(
+            concurrency=_levels(concurrency),
+            tolerance=None if tolerance is None else tolerance / 100.0, **overrides)
+    except ValidationError as err:
+        e = err.errors()[0]
+        raise InputError(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}") \
+            from None
+    baseline = read_json(baseline_file) if baseline_file else None
+    live = sys.stderr.isatty() if show_progress is None else show_progress
+    if live:
+        from builder.gate.progress import LiveProgress
+
+        with LiveProgress() as prog:
+            result = run_gate(url, profile, name=name, baseline=baseline,
+                              baseline_url=baseline_url, progress=prog)
+    else:
+        result = run_gate(url, profile, name=name, baseline=baseline, baseline_url=baseline_url)
+    if json_out:
+        write_json(result, json_out)
+    if junit_out:
+        write_junit(result, junit_out)
+    click.echo(markdown_summary(result))
+    if ledger:
+        _record(ledger, result)
+    why = "; ".join(result.reasons[:3]) or result.verdict
+    if result.verdict == "fail":
+        raise GateFailed(f"gate failed: {why}")
+    if result.verdict == "inconclusive":
+        raise GateInconclusive(f"gate inconclusive: {why}")

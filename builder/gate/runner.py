@@ -1,0 +1,245 @@
+"""run_gate: measure a candidate (and a live incumbent), decide per level, apply bars and probe.
+
+With a live incumbent the two are measured in alternation (incumbent run, then
+candidate run) so slow drifts of the machine hit both alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from builder.errors import InfraError, InputError
+from builder.gate import loadgen
+from builder.gate.probe import run_probe
+from builder.gate.profile import GateProfile
+from builder.gate.readiness import get_json, port_open
+from builder.gate.result import GateResult, LevelResult, ProbeResult, RunMetrics, Verdict, Workload
+from builder.gate.stats import compare, percentile
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def _noop(kind: str, data: dict[str, Any]) -> None:
+    return None
+
+
+async def _reachable(url: str, what: str) -> None:
+    if not await port_open(url, timeout=3.0):
+        raise InfraError(f"{what} {url} is unreachable (connection refused or timed out); "
+                         "start the server or fix --url")
+
+
+async def host_facts(url: str) -> dict[str, str]:
+    try:
+        info = await get_json(url, "/server_info")
+    except (InfraError, OSError, ValueError):
+        return {}
+    if not isinstance(info, dict):
+        return {}
+    keys = ("version", "model_path", "served_model_name", "tp_size", "speculative_algorithm",
+            "speculative_eagle_topk", "speculative_num_steps", "max_running_requests")
+    facts = {f"sglang.{k}": str(info[k]) for k in keys if info.get(k) is not None}
+    sim = info.get("sim")
+    if isinstance(sim, dict):
+        facts.update({f"sim.{k}": str(v) for k, v in sim.items() if v is not None})
+    return facts
+
+
+def level_summary(concurrency: int, runs: list[RunMetrics]) -> LevelResult:
+    return LevelResult(
+        concurrency=concurrency,
+        runs=tuple(runs),
+        median_output_tok_s=statistics.median(r.output_tok_s for r in runs),
+        median_total_tok_s=statistics.median(r.total_tok_s for r in runs),
+        ttft_p99_ms=max(r.ttft_ms.p99 for r in runs),
+        failed_requests=sum(r.failed for r in runs),
+    )
+
+
+def judge_level(
+    level: LevelResult, incumbent: list[float] | None, profile: GateProfile, *, final: bool
+) -> LevelResult:
+    """Attach the comparison and verdict; 'inconclusive' only when final (no runs left)."""
+    reasons: list[str] = []
+    verdict: Verdict = "reference"
+    fields: dict[str, Any] = {}
+    if level.failed_requests > profile.max_failed_requests:
+        errs = sorted({e for r in level.runs for e in r.errors})[:3]
+        reasons.append(f"C={level.concurrency}: {level.failed_requests} failed requests "
+                       f"(allowed {profile.max_failed_requests}): {'; '.join(errs)}")
+        verdict = "fail"
+    if incumbent:
+        inc_med = statistics.median(incumbent)
+        fields["baseline_median_output_tok_s"] = inc_med
+        if inc_med <= 0:
+            reasons.append(f"C={level.concurrency}: the incumbent measured 0 tok/s; re-measure it")
+            verdict = "fail" if verdict == "fail" else "inconclusive"
+        else:
+            cmp = compare([r.output_tok_s for r in level.runs], incumbent,
+                          tolerance=profile.tolerance, confidence=profile.confidence,
+                          seed=profile.seed + level.concurrency)
+            fields.update(ratio=cmp.ratio, ci_low=cmp.low, ci_high=cmp.high)
+            ci = f"ratio {cmp.ratio:.3f}, {profile.confidence:.0%} CI [{cmp.low:.3f}, {cmp.high:.3f}]"
+            bar = 1 - profile.tolerance
+            if cmp.decision == "fail":
+                reasons.append(f"C={level.concurrency}: slower than the incumbent: {ci} < {bar:.3f}")
+                verdict = "fail"
+            elif cmp.decision == "undecided" and verdict != "fail":
+                verdict = "inconclusive"
+                if final:
+                    reasons.append(f"C={level.concurrency}: cannot tell after {len(level.runs)} "
+                                   f"runs: {ci} straddles {bar:.3f}; raise max_runs or tolerance")
+            elif verdict != "fail":
+                verdict = "pass"
+    return level.model_copy(update={**fields, "verdict": verdict, "reasons": tuple(reasons)})
+
+
+def bar_violations(levels: list[LevelResult], profile: GateProfile) -> list[str]:
+    out = []
+    c1 = next((lv for lv in levels if lv.concurrency == 1), None)
+    if profile.min_tok_s_c1 is not None and c1 is not None \
+            and c1.median_output_tok_s < profile.min_tok_s_c1:
+        out.append(f"C=1 median {c1.median_output_tok_s:.1f} tok/s is below the bar "
+                   f"{profile.min_tok_s_c1:g} tok/s")
+    if profile.max_ttft_p99_ms is not None:
+        for lv in levels:
+            if lv.ttft_p99_ms > profile.max_ttft_p99_ms:
+                out.append(f"C={lv.concurrency}: p99 TTFT {lv.ttft_p99_ms:.0f} ms exceeds "
+                           f"{profile.max_ttft_p99_ms:g} ms")
+    return out
+
+
+def overall(levels: list[LevelResult], bars: list[str], probe: ProbeResult | None,
+            compared: bool) -> Verdict:
+    if bars or (probe is not None and not probe.passed) or any(
+            lv.verdict == "fail" for lv in levels):
+        return "fail"
+    if any(lv.verdict == "inconclusive" for lv in levels):
+        return "inconclusive"
+    return "pass" if compared else "reference"
+
+
+def _check_baseline(baseline: GateResult, wl: Workload) -> None:
+    if baseline.fingerprint != wl.fingerprint():
+        raise InputError(
+            f"--baseline: {baseline.name!r} measured workload {baseline.fingerprint}, this gate "
+            f"measures {wl.fingerprint()} (lengths, api, seed or model differ); "
+            "re-measure the incumbent with the same profile"
+        )
+
+
+async def _measure(url: str, wl: Workload, c: int, index: int, side: str,
+                   progress: Progress) -> RunMetrics:
+    done = 0
+
+    def tick(rec: loadgen.RequestRecord) -> None:
+        nonlocal done
+        done += 1
+        progress("request", {"side": side, "concurrency": c, "index": index, "done": done,
+                             "total": c * wl.requests_per_slot, "ok": rec.ok})
+
+    run = await loadgen.run_once(url, wl, c, index, on_done=tick)
+    progress("run", {"side": side, "concurrency": c, "index": index, "metrics": run})
+    return run
+
+
+async def run_gate_async(
+    url: str,
+    profile: GateProfile,
+    *,
+    name: str,
+    baseline: GateResult | None = None,
+    baseline_url: str | None = None,
+    host_facts_extra: dict[str, str] | None = None,
+    progress: Progress | None = None,
+) -> GateResult:
+    emit = progress or _noop
+    url = url.rstrip("/")
+    wl = profile.workload()
+    if baseline is not None and baseline_url is not None:
+        raise InputError("give either --baseline FILE or --baseline-url URL, not both")
+    if baseline is not None:
+        _check_baseline(baseline, wl)
+    await _reachable(url, "candidate")
+    inc_url = baseline_url.rstrip("/") if baseline_url else None
+    if inc_url:
+        await _reachable(inc_url, "incumbent")
+    started = _now()
+    facts = {**await host_facts(url), **(host_facts_extra or {})}
+    emit("start", {"name": name, "url": url, "baseline_url": inc_url, "workload": wl})
+    top = max(wl.concurrency)
+    for target in [u for u in (inc_url, url) if u]:
+        await loadgen.warmup(target, wl, top)
+    levels: list[LevelResult] = []
+    for c in wl.concurrency:
+        emit("level", {"concurrency": c})
+        cand: list[RunMetrics] = []
+        inc_runs: list[RunMetrics] = []
+        stored = baseline.level(c) if baseline is not None else None
+        target_runs = wl.runs
+        while True:
+            while len(cand) < target_runs:
+                if inc_url:
+                    inc_runs.append(await _measure(inc_url, wl, c, len(inc_runs), "incumbent",
+                                                   emit))
+                cand.append(await _measure(url, wl, c, len(cand), "candidate", emit))
+            incumbent = ([r.output_tok_s for r in inc_runs] if inc_url else
+                         [r.output_tok_s for r in stored.runs] if stored else None)
+            final = target_runs >= wl.max_runs
+            lv = judge_level(level_summary(c, cand), incumbent, profile, final=final)
+            if lv.verdict != "inconclusive" or final:
+                break
+            target_runs += 1
+        if baseline is not None and stored is None:
+            lv = lv.model_copy(update={"reasons": (*lv.reasons,
+                               f"C={c}: the baseline file has no runs at this level")})
+        emit("decision", {"concurrency": c, "level": lv})
+        levels.append(lv)
+    reference: tuple[str, ...] | None = profile.probe_golden or None
+    if inc_url:
+        inc_probe = await run_probe(inc_url, profile.probe_prompts, profile.probe_max_tokens,
+                                    reference=None, model=profile.model)
+        reference = inc_probe.outputs if inc_probe.outputs else None
+    elif baseline is not None and baseline.probe is not None and baseline.probe.outputs:
+        reference = baseline.probe.outputs
+    probe = await run_probe(url, profile.probe_prompts, profile.probe_max_tokens,
+                            reference=reference, model=profile.model)
+    emit("probe", {"probe": probe})
+    bars = bar_violations(levels, profile)
+    compared = bool(inc_url or baseline is not None)
+    verdict = overall(levels, bars, probe, compared)
+    reasons = [r for lv in levels for r in lv.reasons] + bars + list(probe.reasons)
+    baseline_name = (baseline.name if baseline is not None else inc_url)
+    return GateResult(
+        name=name, url=url, started_at=started, finished_at=_now(), workload=wl,
+        fingerprint=wl.fingerprint(), tolerance=profile.tolerance, host=facts,
+        baseline_name=baseline_name, levels=tuple(levels), probe=probe, bars=tuple(bars),
+        verdict=verdict, reasons=tuple(reasons),
+    )
+
+
+def run_gate(
+    url: str,
+    profile: GateProfile,
+    *,
+    name: str,
+    baseline: GateResult | None = None,
+    baseline_url: str | None = None,
+    host_facts: dict[str, str] | None = None,
+    progress: Progress | None = None,
+) -> GateResult:
+    """Synchronous wrapper of run_gate_async (for deploy and the CLI)."""
+    return asyncio.run(run_gate_async(url, profile, name=name, baseline=baseline,
+                                      baseline_url=baseline_url, host_facts_extra=host_facts,
+                                      progress=progress))
+
+
+__all__ = ["Progress", "percentile", "run_gate", "run_gate_async"]
