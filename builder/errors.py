@@ -39,7 +39,9 @@ class Finding:
     rule: str
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}:{self.col}: {self.severity}: {self.message} [{self.rule}]"
+        # one line per finding, whatever the message quotes back from the input
+        message = " ".join(self.message.split())
+        return f"{self.path}:{self.line}:{self.col}: {self.severity}: {message} [{self.rule}]"
 
 
 class SpecError(InputError):

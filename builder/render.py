@@ -185,9 +185,11 @@ def render_stack(stack: Stack) -> Rendered:
         "build_secrets": list(stack.build.secrets),
     }
     body = env.get_template(f"Dockerfile.{stack.server.engine}.j2").render(**ctx)
+    # The hash covers the Dockerfile body, the patches and the lock (it lands in a label).
     h = hashlib.sha256(body.encode())
     for p in stack.patches:
         h.update(p.sha256.encode())
+    h.update(json.dumps(_lock(stack, ""), sort_keys=True).encode())
     content_hash = h.hexdigest()
     lock = _lock(stack, content_hash)
     lock_json = json.dumps(lock, indent=2, sort_keys=True) + "\n"
