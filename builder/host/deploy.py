@@ -1,0 +1,384 @@
+"""The deploy flow: lock, recover, preflight, pull, stage, start, readiness, gate, decide.
+
+It receives a `Remote` and never opens one. Every step is safe to repeat: the
+host state file carries a `pending` marker from the moment the incumbent may
+be disturbed until the outcome is committed, and whoever takes the lock next
+first converges the host back to `current` (see converge.py).
+
+Exit codes: 0 promoted; 1 the candidate was rejected (crashed, never ready,
+failed its first generation, or the gate failed) and the incumbent restored;
+3 gate inconclusive, incumbent restored; 4 infrastructure (SSH, registry,
+preflight, lock held), with nothing changed unless the report says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+from builder.errors import EXIT_INFRA, StackbuildError
+from builder.gate.profile import GateProfile
+from builder.gate.result import GateResult
+from builder.host import converge, units
+from builder.host.crash import classify
+from builder.host.preflight import PreflightFailed, run_preflight
+from builder.host.ready import Probes, Readiness, wait_ready
+from builder.host.report import DeployReport
+from builder.host.ssh import ConnectionLost, Remote
+from builder.host.state import (
+    HostLock,
+    HostPaths,
+    HostState,
+    LockHeld,
+    Pending,
+    Release,
+    me,
+    now_iso,
+    read_state,
+    write_state,
+)
+from builder.spec import Stack
+
+GateFn = Callable[[str, GateProfile, str, GateResult | None], GateResult]
+
+
+@dataclass
+class DeployRequest:
+    stack: Stack
+    image: str  # pinned: REPO@sha256:...
+    digest: str
+    strategy: str
+    profile: GateProfile
+    secrets: dict[str, str] = field(default_factory=dict)
+    need_free_kib: int = 1024 * 1024
+    pull_timeout_s: float = 1800.0
+    lock_ttl_s: float = 4 * 3600.0
+
+
+@dataclass
+class Services:
+    """The effects beyond SSH, passed in so the flow stays one readable function."""
+
+    render_unit: Callable[..., str]
+    gate: GateFn
+    # base URL reaching the host's 127.0.0.1:PORT (direct on loopback, else an SSH tunnel)
+    endpoint: Callable[[int], AbstractContextManager[str]]
+    probes: Probes = field(default_factory=Probes)
+    promote_channel: Callable[[str], str] | None = None  # digest ref -> what moved
+    echo: Callable[[str], None] = print
+
+
+def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
+    stack = req.stack
+    paths = HostPaths(stack.host.state_dir, stack.host.service)
+    rep = DeployReport(
+        host=remote.address,
+        service=stack.host.service,
+        stack=stack.label,
+        image=req.image,
+        strategy=req.strategy,
+    )
+    lock = HostLock(remote, paths, me(f"deploy {stack.label}"), req.lock_ttl_s)
+    try:
+        with rep.step("lock") as st:
+            lock.__enter__()
+            st.detail = f"broke a stale lock ({lock.broke.what})" if lock.broke else "held"
+    except LockHeld as err:
+        rep.finish("refused", str(err), EXIT_INFRA)
+        return rep
+    except ConnectionLost as err:
+        rep.finish("failed", str(err), EXIT_INFRA)
+        return rep
+    released = False
+    try:
+        _locked(remote, req, svc, paths, rep)
+    except ConnectionLost as err:
+        rep.needs_recovery = True
+        rep.finish("failed", str(err), EXIT_INFRA)
+        released = True  # cannot release over a dead connection; the recovery run will
+    finally:
+        if not released:
+            try:
+                lock.__exit__(None, None, None)
+            except ConnectionLost as err:
+                rep.needs_recovery = True
+                rep.finish("failed", str(err), EXIT_INFRA)
+    return rep
+
+
+def _locked(
+    remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths, rep: DeployReport
+) -> None:
+    stack = req.stack
+    sbs = req.strategy == "side-by-side"
+    with rep.step("state"):
+        state = read_state(remote, paths)
+    if state.pending is not None:
+        with rep.step("recover") as st:
+            st.detail = f"an interrupted {state.pending.op} of {state.pending.image} was pending"
+            state = converge.to_current(remote, paths, state, _conv(req, svc, rep))
+    incumbent_active = state.current is not None and units.is_active(remote, paths.main_unit)
+    port = stack.runtime.staging_port if sbs else stack.runtime.port
+    try:
+        with rep.step("preflight") as st:
+            pf = run_preflight(
+                remote,
+                stack,
+                image=req.image,
+                port=port,
+                port_owner_ok=(not sbs) and incumbent_active,
+                need_free_kib=req.need_free_kib,
+            )
+            st.detail = "; ".join(f"{c.name}: {c.detail}" for c in pf.checks)
+            if not pf.ok:
+                raise PreflightFailed(remote.address, pf)
+        with rep.step("pull") as st:
+            pulled = units.ensure_image(remote, req.image, req.pull_timeout_s)
+            st.detail = "pulled" if pulled else "already on the host"
+        unit = paths.candidate_unit if sbs else paths.main_unit
+        name = unit.removesuffix(".service")
+        with rep.step("stage unit") as st:
+            text = svc.render_unit(stack, image=req.image, port=port, name=name)
+            staged = units.stage_and_verify(remote, paths.staging_dir, unit, text)
+            if stack.runtime.secrets:
+                converge.write_secrets(remote, stack, req.secrets)
+            st.detail = f"{unit} verified"
+    except ConnectionLost:
+        raise
+    except StackbuildError as err:
+        rep.finish("refused", str(err), getattr(err, "exit_code", EXIT_INFRA))
+        return
+    if remote.dry_run:
+        _dry_plan(remote, req, svc, paths, unit, staged, rep)
+        return
+
+    baseline = _baseline(remote, req, svc, paths, state, incumbent_active, rep)
+    pending = Pending(
+        op="deploy",
+        image=req.image,
+        strategy=req.strategy,
+        owner=me("deploy").to_json(),
+        started_at=now_iso(),
+    )
+    with rep.step("mark pending"):
+        write_state(remote, paths, state.model_copy(update={"pending": pending}))
+    conv = _conv(req, svc, rep)
+
+    with rep.step("start") as st:
+        since = units.remote_now(remote)
+        if not sbs and incumbent_active:
+            conv.outage_begin()
+            units.stop(remote, paths.main_unit)
+        units.install(remote, staged, paths.unit_path(unit))
+        units.start(remote, unit)
+        st.detail = f"{unit} on port {port}"
+    ready = _readiness(remote, svc, unit, port, stack, rep)
+    if not ready.ok:
+        logs = units.logs_since(remote, unit, name, since)
+        sig = classify(logs)
+        rep.logs = logs[-8000:]
+        if sig:
+            rep.crash_signature, rep.crash_line = sig.kind, sig.line
+        what = {
+            "crashed": "candidate crashed on start",
+            "generation": "candidate was ready but failed its first generation",
+        }.get(ready.stage, "candidate never became ready")
+        cause = f"{what}: {ready.detail}" + (f" [{sig.kind}: {sig.hint}]" if sig else "")
+        _roll_back(remote, paths, state, conv, rep, cause, verdict="not-ready")
+        return
+    if not sbs:
+        conv.outage_end()
+
+    with rep.step("gate") as st, svc.endpoint(port) as url:
+        result = svc.gate(url, req.profile, stack.label, baseline)
+        rep.verdict = _verdict(result, first=baseline is None)
+        rep.gate_json = result.model_dump_json()
+        st.detail = f"{rep.verdict}" + (
+            f": {'; '.join(result.reasons)[:300]}" if result.reasons else ""
+        )
+    if rep.verdict != "pass":
+        reasons = "; ".join([*result.reasons, *result.bars])[:500] or "no reason given"
+        _roll_back(
+            remote, paths, state, conv, rep, f"gate {rep.verdict}: {reasons}", verdict=rep.verdict
+        )
+        return
+
+    if sbs:
+        with rep.step("switch") as st:
+            main_text = svc.render_unit(
+                stack, image=req.image, port=stack.runtime.port, name=paths.service
+            )
+            main_staged = units.stage_and_verify(
+                remote, paths.staging_dir, paths.main_unit, main_text
+            )
+            units.remove(remote, paths.candidate_unit, paths.unit_path(paths.candidate_unit))
+            conv.outage_begin()
+            units.stop(remote, paths.main_unit)
+            units.install(remote, main_staged, paths.unit_path(paths.main_unit))
+            units.start(remote, paths.main_unit)
+            text = main_text
+            st.detail = f"{paths.main_unit} now runs the candidate on {stack.runtime.port}"
+        ready = _readiness(remote, svc, paths.main_unit, stack.runtime.port, stack, rep)
+        if not ready.ok:
+            _roll_back(
+                remote,
+                paths,
+                state,
+                conv,
+                rep,
+                f"candidate passed the gate but failed after the switch: {ready.detail}",
+                verdict="not-ready",
+            )
+            return
+        conv.outage_end()
+
+    with rep.step("promote") as st:
+        remote.run(
+            ["mkdir", "-p", paths.result_file(req.digest).rsplit("/", 1)[0]],
+            what="create results dir",
+        )
+        remote.put_text(result.model_dump_json(), paths.result_file(req.digest))
+        release = Release(
+            image=req.image,
+            digest=req.digest,
+            stack=stack.name,
+            variant=stack.variant,
+            unit=text,
+            port=stack.runtime.port,
+            verdict=rep.verdict,
+            at=now_iso(),
+        )
+        new_state = HostState(
+            service=paths.service,
+            current=release,
+            previous=state.current,
+            last_verdict=rep.verdict,
+            last_cause=None,
+            last_image=req.image,
+            last_at=now_iso(),
+        )
+        write_state(remote, paths, new_state)
+        st.detail = "host state committed"
+        if svc.promote_channel and stack.host.channel:
+            st.detail += f"; channel {svc.promote_channel(req.image)}"
+    rep.finish("promoted")
+
+
+def _verdict(result: GateResult, *, first: bool) -> str:
+    # With no incumbent the gate has only absolute bars and the probe: a clean
+    # "reference" result is a pass.
+    if result.verdict == "reference":
+        clean = not result.bars and (result.probe is None or result.probe.passed)
+        return "pass" if first and clean else "fail"
+    return result.verdict
+
+
+def _readiness(
+    remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport
+) -> Readiness:
+    with rep.step("ready") as st, svc.endpoint(port) as url:
+        ready = wait_ready(
+            remote,
+            unit,
+            port,
+            url,
+            start_deadline_s=stack.runtime.start_timeout_s,
+            ready_deadline_s=stack.runtime.ready_timeout_s,
+            probes=svc.probes,
+        )
+        st.detail = f"{ready.stage}: {ready.detail}"
+    if not ready.ok:
+        rep.steps[-1].ok = False
+    return ready
+
+
+def _baseline(
+    remote: Remote,
+    req: DeployRequest,
+    svc: Services,
+    paths: HostPaths,
+    state: HostState,
+    incumbent_active: bool,
+    rep: DeployReport,
+) -> GateResult | None:
+    """The incumbent's result on this host for this workload: stored, else measured now."""
+    if state.current is None:
+        rep.note("baseline", True, "first deploy: absolute bars only")
+        return None
+    fp = req.profile.workload().fingerprint()
+    with rep.step("baseline") as st:
+        res = remote.run(
+            ["cat", paths.result_file(state.current.digest)],
+            check=False,
+            what="read the incumbent's result",
+            changes=False,
+        )
+        if res.ok:
+            try:
+                stored = GateResult.model_validate_json(res.stdout)
+            except ValueError:
+                stored = None
+            if stored is not None and stored.fingerprint == fp:
+                st.detail = f"stored result of {state.current.digest[:19]} (fingerprint {fp})"
+                return stored
+        if not incumbent_active:
+            st.detail = "incumbent not serving and no stored result: absolute bars only"
+            return None
+        with svc.endpoint(state.current.port) as url:
+            measured = svc.gate(url, req.profile, f"incumbent {state.current.stack}", None)
+        remote.run(["mkdir", "-p", paths.result_file("x").rsplit("/", 1)[0]], what="results dir")
+        remote.put_text(measured.model_dump_json(), paths.result_file(state.current.digest))
+        st.detail = f"measured the incumbent now (fingerprint {fp})"
+        return measured
+
+
+def _roll_back(
+    remote: Remote,
+    paths: HostPaths,
+    state: HostState,
+    conv: converge.Converger,
+    rep: DeployReport,
+    cause: str,
+    *,
+    verdict: str,
+) -> None:
+    rep.verdict = rep.verdict or verdict
+    restored = converge.to_current(remote, paths, state, conv)
+    write_state(
+        remote,
+        paths,
+        restored.model_copy(
+            update={
+                "last_verdict": rep.verdict,
+                "last_cause": cause[:500],
+                "last_image": rep.image,
+                "last_at": now_iso(),
+            }
+        ),
+    )
+    rep.finish("rolled-back", cause)
+
+
+def _conv(req: DeployRequest, svc: Services, rep: DeployReport) -> converge.Converger:
+    return converge.converger_for(req.stack, svc.endpoint, rep, svc.probes, req.pull_timeout_s)
+
+
+def _dry_plan(
+    remote: Remote,
+    req: DeployRequest,
+    svc: Services,
+    paths: HostPaths,
+    unit: str,
+    staged: str,
+    rep: DeployReport,
+) -> None:
+    svc.echo(f"would mark the deploy pending in {paths.state_file}")
+    if req.strategy == "swap":
+        svc.echo(f"would stop the incumbent {paths.main_unit}")
+    units.install(remote, staged, paths.unit_path(unit))
+    units.start(remote, unit)
+    svc.echo(f"would wait for {unit}: port, /health 200, one generation")
+    svc.echo(f"would gate it with profile {req.profile.description or 'default'}")
+    svc.echo(f"would promote (write {paths.state_file}) or roll back to the incumbent")
+    rep.finish("planned")

@@ -1,0 +1,240 @@
+"""Preflight: everything the host must offer before anything on it is touched.
+
+Every check runs and the report lists each failure, so one run tells the
+whole story. Reads only. Parsers of the tools' output are pure functions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from builder.errors import InfraError
+from builder.host.ssh import Remote, sh_argv
+from builder.spec import Stack
+
+NVIDIA_SMI_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,name,compute_cap,driver_version,memory.total",
+    "--format=csv,noheader,nounits",
+]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    arch: str  # sm_120
+    driver: str
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    checks: tuple[Check, ...]
+    gpus: tuple[Gpu, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.ok)
+
+    def host_facts(self) -> dict[str, str]:
+        if not self.gpus:
+            return {}
+        return {
+            "gpu_model": self.gpus[0].name,
+            "gpu_count": str(len(self.gpus)),
+            "driver": self.gpus[0].driver,
+            "arch": self.gpus[0].arch,
+        }
+
+
+class PreflightFailed(InfraError):
+    def __init__(self, address: str, report: PreflightReport) -> None:
+        self.report = report
+        lines = [f"preflight failed on {address} ({len(report.failures)} problems):"]
+        lines += [f"  - {c.name}: {c.detail}" for c in report.failures]
+        super().__init__("\n".join(lines))
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    gpus = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 5:
+            continue
+        idx, name, cap, driver, mem = parts[:5]
+        arch = "sm_" + cap.replace(".", "") if re.fullmatch(r"\d+\.\d+", cap) else cap
+        gpus.append(Gpu(int(idx), name, arch, driver, int(float(mem)) if mem.strip() else 0))
+    return gpus
+
+
+def parse_listening_ports(proc_net_tcp: str) -> set[int]:
+    """TCP ports in LISTEN state from /proc/net/tcp{,6} text."""
+    ports = set()
+    for line in proc_net_tcp.splitlines():
+        f = line.split()
+        if len(f) > 3 and f[3] == "0A" and ":" in f[1]:
+            ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def parse_df_avail_kib(text: str) -> int | None:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if len(lines) < 2:
+        return None
+    f = lines[-1].split()
+    return int(f[3]) if len(f) > 3 and f[3].isdigit() else None
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def check_gpus(stack: Stack, gpus: list[Gpu], smi_error: str | None) -> list[Check]:
+    from builder.rules import driver_floor
+
+    if smi_error is not None:
+        return [Check("gpus", False, f"nvidia-smi failed: {smi_error}; install the NVIDIA driver")]
+    need = stack.runtime.gpu_count or stack.runtime.tp
+    out = [
+        Check(
+            "gpu count",
+            len(gpus) >= need,
+            f"{len(gpus)} GPU(s), the stack needs {need} (tp={stack.runtime.tp})",
+        )
+    ]
+    if stack.arches and gpus:
+        bad = sorted({g.arch for g in gpus if g.arch not in stack.arches})
+        out.append(
+            Check(
+                "gpu arch",
+                not bad,
+                f"host has {', '.join(sorted({g.arch for g in gpus}))}; stack is built for "
+                f"{', '.join(stack.arches)}"
+                + (f" ({', '.join(bad)} not covered: add it to arches)" if bad else ""),
+            )
+        )
+    floor = driver_floor(stack.cuda)
+    if floor and gpus:
+        drv = gpus[0].driver
+        out.append(
+            Check(
+                "driver",
+                version_tuple(drv)[:1] >= (floor,),
+                f"driver {drv}, CUDA {stack.cuda} needs >= {floor}",
+            )
+        )
+    return out
+
+
+def run_preflight(
+    remote: Remote,
+    stack: Stack,
+    *,
+    image: str,
+    port: int,
+    port_owner_ok: bool,
+    need_free_kib: int,
+) -> PreflightReport:
+    """Run every check; `port_owner_ok`: the port is held by our own incumbent (swap)."""
+    checks: list[Check] = []
+    gpus: list[Gpu] = []
+    docker = remote.run(
+        ["docker", "info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}|{{json .Runtimes}}"],
+        check=False,
+        what="docker info",
+        changes=False,
+    )
+    root_dir = "/var/lib/docker"
+    runtimes = ""
+    if docker.ok and "|" in docker.stdout:
+        version, root_dir, runtimes = [*docker.stdout.strip().split("|", 2), "", ""][:3]
+        checks.append(Check("docker", True, f"docker {version}"))
+    else:
+        checks.append(
+            Check("docker", False, f"docker is not usable: {_one_line(docker)}; install/start it")
+        )
+    if stack.runtime.gpus != "none":
+        cdi = remote.run(
+            sh_argv("ls /etc/cdi /var/run/cdi 2>/dev/null | grep -i nvidia"),
+            check=False,
+            what="look for NVIDIA CDI specs",
+            changes=False,
+        )
+        has = '"nvidia"' in runtimes or cdi.ok
+        checks.append(
+            Check(
+                "nvidia runtime",
+                has,
+                "NVIDIA container runtime or CDI spec found"
+                if has
+                else "neither the nvidia docker runtime nor an NVIDIA CDI spec: install "
+                "nvidia-container-toolkit",
+            )
+        )
+        smi = remote.run(NVIDIA_SMI_QUERY, check=False, what="nvidia-smi", changes=False)
+        gpus = parse_nvidia_smi(smi.stdout) if smi.ok else []
+        checks += check_gpus(stack, gpus, None if smi.ok else _one_line(smi))
+    present = remote.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", image],
+        check=False,
+        what="is the image already there",
+        changes=False,
+    )
+    if present.ok:
+        checks.append(Check("disk", True, "image already on the host"))
+    else:
+        df = remote.run(["df", "-Pk", root_dir], check=False, what="free disk", changes=False)
+        avail = parse_df_avail_kib(df.stdout) if df.ok else None
+        checks.append(
+            Check(
+                "disk",
+                avail is not None and avail >= need_free_kib,
+                f"{_gib(avail)} free under {root_dir}, the image needs {_gib(need_free_kib)}"
+                if avail is not None
+                else f"cannot read free space of {root_dir}: {_one_line(df)}",
+            )
+        )
+    tcp = remote.run(
+        sh_argv("cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"),
+        check=False,
+        what="listening ports",
+        changes=False,
+    )
+    busy = port in parse_listening_ports(tcp.stdout)
+    checks.append(
+        Check(
+            "port",
+            not busy or port_owner_ok,
+            f"port {port} is "
+            + (
+                "held by the incumbent (swap replaces it)"
+                if busy and port_owner_ok
+                else "in use by another process: free it or change runtime.port"
+                if busy
+                else "free"
+            ),
+        )
+    )
+    return PreflightReport(tuple(checks), tuple(gpus))
+
+
+def _gib(kib: int | None) -> str:
+    return "?" if kib is None else f"{kib / 1024 / 1024:.1f} GiB"
+
+
+def _one_line(res: object) -> str:
+    text = (getattr(res, "stderr", "") or getattr(res, "stdout", "")).strip()
+    return text.splitlines()[-1][:200] if text else f"exit {getattr(res, 'returncode', '?')}"

@@ -1,0 +1,271 @@
+"""Exact expectations for the pure parts of builder.host (no SSH, no docker)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+import pytest
+
+from builder.errors import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK, InputError
+from builder.host.crash import KINDS, classify
+from builder.host.preflight import (
+    parse_df_avail_kib,
+    parse_listening_ports,
+    parse_nvidia_smi,
+    version_tuple,
+)
+from builder.host.ready import parse_show
+from builder.host.report import DeployReport
+from builder.host.ssh import (
+    DryRunRemote,
+    HostAddress,
+    known_hosts_name,
+    parse_host,
+    quote_argv,
+    sh_argv,
+    trust_hint,
+)
+from builder.host.state import HostPaths, HostState, LockOwner, is_stale, parse_state
+from builder.host.units import env_file_text, verify_errors
+
+HOSTILE = ["a;touch /tmp/pwned", "$(id)", "`id`", "it's \"quoted\"", "two\nlines", "$HOME", ""]
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("gpu1", HostAddress("gpu1")),
+        ("root@127.0.0.1:2222", HostAddress("127.0.0.1", "root", 2222)),
+        ("deploy@gpu-box.lan", HostAddress("gpu-box.lan", "deploy", None)),
+        ("[::1]:22", HostAddress("::1", None, 22)),
+        ("me@[fe80::1]", HostAddress("fe80::1", "me", None)),
+    ],
+)
+def test_parse_host(text: str, want: HostAddress) -> None:
+    assert parse_host(text) == want
+
+
+def test_host_address_round_trips() -> None:
+    assert str(parse_host("root@127.0.0.1:2222")) == "root@127.0.0.1:2222"
+    assert str(parse_host("[::1]:22")) == "[::1]:22"
+    assert parse_host("root@127.0.0.1:2222").is_loopback
+    assert not parse_host("gpu1").is_loopback
+
+
+@pytest.mark.parametrize("bad", ["", "root@", "a b", "host:99999", "host:", "x;y", "@host"])
+def test_parse_host_rejects(bad: str) -> None:
+    with pytest.raises(InputError, match="--host"):
+        parse_host(bad)
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_quote_argv_keeps_each_value_one_literal_word(value: str) -> None:
+    line = quote_argv(["printf", "%s", value])
+    assert shlex.split(line) == ["printf", "%s", value]
+    # and a real POSIX shell agrees
+    out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True)
+    assert out.stdout == value
+
+
+def test_sh_argv_passes_values_as_positional_parameters() -> None:
+    argv = sh_argv('printf "%s|%s" "$1" "$2"', "$(id)", "a;b")
+    assert argv == ["sh", "-c", 'printf "%s|%s" "$1" "$2"', "sh", "$(id)", "a;b"]
+    out = subprocess.run(["sh", "-c", quote_argv(argv)], capture_output=True, text=True)
+    assert out.stdout == "$(id)|a;b"
+
+
+def test_quote_argv_rejects_empty() -> None:
+    with pytest.raises(ValueError):
+        quote_argv([])
+
+
+def test_known_hosts_name_and_hint() -> None:
+    assert known_hosts_name("127.0.0.1", 2222) == "[127.0.0.1]:2222"
+    assert known_hosts_name("gpu1", 22) == "gpu1"
+    assert trust_hint("127.0.0.1", 2222) == (
+        "check the key with the host's owner, then add it: ssh-keyscan -p 2222 127.0.0.1 "
+        ">> ~/.ssh/known_hosts (or re-run with --accept-new-host-key)"
+    )
+
+
+def test_dry_run_records_and_never_runs_changes() -> None:
+    seen: list[str] = []
+    dr = DryRunRemote("root@h", echo=seen.append)
+    res = dr.run(["systemctl", "stop", "x y"])
+    dr.put_text("TOKEN=abc", "/etc/stackbuild/s.env", mode=0o600, secret=True)
+    assert res.ok and res.stdout == ""
+    assert seen == [
+        "would run: systemctl stop 'x y'",
+        "would put: /etc/stackbuild/s.env (mode 0600, <secret, not shown>)",
+    ]
+    assert "abc" not in "".join(dr.commands)
+
+
+# --- crash signatures ----------------------------------------------------------
+
+CRASH_LOGS = {
+    "cuda-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    "cuda-graph-capture": "Exception: Capture cuda graph failed: operation not permitted when "
+    "stream is capturing",
+    "nccl-error": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+    "unhandled system error",
+    "illegal-memory-access": "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "bad-server-flag": "launch_server.py: error: unrecognized arguments: --cuda-graph-max-bs 128",
+    "missing-model-path": "OSError: /models/glm5 is not a local folder and is not a valid model "
+    "identifier listed on 'https://huggingface.co/models'",
+}
+
+
+@pytest.mark.parametrize(("kind", "line"), sorted(CRASH_LOGS.items()))
+def test_classify_each_kind(kind: str, line: str) -> None:
+    log = f"[2026-12-02 10:00:00] loading weights\n{line}\n[rank0] exiting\n"
+    sig = classify(log)
+    assert sig is not None
+    assert (sig.kind, sig.line) == (kind, line)
+
+
+def test_kinds_cover_the_issue_list() -> None:
+    assert set(KINDS) == set(CRASH_LOGS)
+
+
+def test_classify_priority_graph_capture_over_oom() -> None:
+    log = "Capture cuda graph failed: CUDA out of memory. Tried to allocate 20 MiB\n"
+    sig = classify(log)
+    assert sig is not None and sig.kind == "cuda-graph-capture"
+
+
+def test_classify_ambiguous_flag_and_nothing() -> None:
+    sig = classify("error: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode")
+    assert sig is not None and sig.kind == "bad-server-flag"
+    assert classify("INFO: server started\nGET /health 200\n") is None
+
+
+# --- tool output parsers ---------------------------------------------------------
+
+def test_parse_nvidia_smi() -> None:
+    text = (
+        "0, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12.0, 580.65.06, 97887\n"
+        "1, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12.0, 580.65.06, 97887\n"
+    )
+    gpus = parse_nvidia_smi(text)
+    assert [(g.index, g.arch, g.driver, g.memory_mib) for g in gpus] == [
+        (0, "sm_120", "580.65.06", 97887),
+        (1, "sm_120", "580.65.06", 97887),
+    ]
+    assert version_tuple("580.65.06") == (580, 65, 6)
+
+
+def test_parse_listening_ports() -> None:
+    tcp = (
+        "  sl  local_address rem_address   st tx_queue rx_queue\n"
+        "   0: 0100007F:7530 00000000:0000 0A 00000000:00000000 00:00000000 00000000 0\n"
+        "   1: 0100007F:08AE 0100007F:D2C4 01 00000000:00000000 00:00000000 00000000 0\n"
+        "   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A x\n"
+    )
+    assert parse_listening_ports(tcp) == {30000, 8080}
+
+
+def test_parse_df() -> None:
+    text = (
+        "Filesystem     1024-blocks      Used Available Capacity Mounted on\n"
+        "overlay          102400000  51200000  51200000      50% /\n"
+    )
+    assert parse_df_avail_kib(text) == 51200000
+    assert parse_df_avail_kib("") is None
+
+
+def test_parse_show_and_crash_states() -> None:
+    st = parse_show("ActiveState=active\nSubState=running\nNRestarts=0\nResult=success\n"
+                    "ExecMainStatus=0\n")
+    assert not st.crashed
+    assert parse_show("ActiveState=activating\nSubState=auto-restart\nNRestarts=1\n").crashed
+    assert parse_show("ActiveState=failed\nSubState=failed\nResult=exit-code\n").crashed
+    assert parse_show("ActiveState=inactive\nSubState=dead\nResult=exit-code\n"
+                      "ExecMainStatus=1\n").crashed
+    assert not parse_show("ActiveState=activating\nSubState=start\nNRestarts=0\n").crashed
+
+
+def test_verify_errors_only_lines_about_our_unit() -> None:
+    out = (
+        "/etc/systemd/system/other.service:3: Unknown key name 'Foo' in section 'Unit'\n"
+        "/var/lib/stackbuild/s/staging/s.service:9: Unknown key name 'Bogus' in section 'Service'\n"
+        "s.service: Command /usr/bin/nope is not executable: No such file or directory\n"
+    )
+    assert verify_errors(out, "s.service", "/var/lib/stackbuild/s/staging/s.service") == [
+        "/var/lib/stackbuild/s/staging/s.service:9: Unknown key name 'Bogus' in section 'Service'",
+        "s.service: Command /usr/bin/nope is not executable: No such file or directory",
+    ]
+
+
+def test_env_file_text_escapes() -> None:
+    assert env_file_text({"B": 'x"y', "A": "$(id) `id` \\n"}) == (
+        "# written by stackbuild; mode 0600; secrets only, by name\n"
+        'A="\\$(id) \\`id\\` \\\\n"\n'
+        'B="x\\"y"\n'
+    )
+    with pytest.raises(InputError, match="secret name"):
+        env_file_text({"BAD-NAME": "x"})
+
+
+# --- state and lock ---------------------------------------------------------------
+
+def test_paths() -> None:
+    p = HostPaths("/var/lib/stackbuild/", "sglang")
+    assert p.state_file == "/var/lib/stackbuild/sglang/state.json"
+    assert p.lock_dir == "/var/lib/stackbuild/sglang/lock"
+    assert p.result_file("sha256:ab") == "/var/lib/stackbuild/sglang/results/sha256-ab.json"
+    assert (p.main_unit, p.candidate_unit) == ("sglang.service", "sglang-candidate.service")
+    assert p.unit_path(p.main_unit) == "/etc/systemd/system/sglang.service"
+
+
+def test_state_parse_empty_and_roundtrip() -> None:
+    assert parse_state("", "svc", "h") == HostState(service="svc")
+    st = HostState(service="svc", last_verdict="fail")
+    assert parse_state(st.model_dump_json(), "svc", "h") == st
+    with pytest.raises(Exception, match="host state file is not valid"):
+        parse_state('{"service": 3, "current": "x"}', "svc", "h")
+
+
+def test_lock_owner_roundtrip_and_staleness() -> None:
+    o = LockOwner("box", 4242, 1000.0, "deploy sim")
+    assert LockOwner.from_json(o.to_json()) == o
+    assert LockOwner.from_json("") is None
+    dead = lambda pid: False  # noqa: E731
+    alive = lambda pid: True  # noqa: E731
+    assert is_stale(o, now=1001, ttl_s=60, local_host="box", alive=dead)
+    assert not is_stale(o, now=1001, ttl_s=60, local_host="box", alive=alive)
+    # another machine's pid cannot be checked: only the TTL decides
+    assert not is_stale(o, now=1001, ttl_s=60, local_host="other", alive=dead)
+    assert is_stale(o, now=1061, ttl_s=60, local_host="other", alive=alive)
+    assert not is_stale(None, now=10**9, ttl_s=60, local_host="box", alive=dead)
+
+
+# --- report -------------------------------------------------------------------------
+
+def _rep() -> DeployReport:
+    return DeployReport(host="h", service="s", stack="sim", image="i", strategy="swap")
+
+
+def test_report_exit_codes() -> None:
+    r = _rep()
+    r.finish("promoted")
+    assert r.exit_code == EXIT_OK
+    r = _rep()
+    r.finish("rolled-back", "gate fail")
+    assert r.exit_code == EXIT_GATE_FAILED
+    r = _rep()
+    r.verdict = "inconclusive"
+    r.finish("rolled-back", "gate inconclusive")
+    assert r.exit_code == EXIT_INCONCLUSIVE
+    r = _rep()
+    r.finish("refused", "lock held")
+    assert r.exit_code == EXIT_INFRA
+
+
+def test_report_downtime_sums_outages() -> None:
+    r = _rep()
+    r.outages = [(10.0, 11.5), (20.0, 20.25)]
+    r.finish("rolled-back", "x")
+    assert r.downtime_s == 1.75
+    assert "downtime: 1.75s in 2 outage(s)" in r.render()
