@@ -42,22 +42,36 @@ def check_flags(stack: Stack, *, offline: bool) -> list[Finding]:
     for flag, where in RESERVED_FLAGS.items():
         if flag in stack.server.flags:
             pos = loc.keys.get(("server", "flags", flag)) or loc.pos(("server", "flags"))
-            out.append(_finding(pos, "error", f"server.flags: '{flag}' is set by stackbuild from {where}; set that instead",
-                                "reserved-flag"))
+            out.append(
+                _finding(
+                    pos,
+                    "error",
+                    f"server.flags: '{flag}' is set by stackbuild from {where}; set that instead",
+                    "reserved-flag",
+                )
+            )
     if stack.server.engine == "sim":
         known = sim_flags()
         for flag in stack.server.flags:
             if flag not in known and flag not in RESERVED_FLAGS:
                 pos = loc.keys.get(("server", "flags", flag)) or loc.pos(("server", "flags"))
                 opts = ", ".join(sorted(known))
-                out.append(_finding(pos, "error", f"server.flags: '{flag}' is not a simulator option (it has {opts})",
-                                    "sim-flag"))
+                out.append(
+                    _finding(
+                        pos, "error", f"server.flags: '{flag}' is not a simulator option (it has {opts})", "sim-flag"
+                    )
+                )
         return out
     version = stack.sglang_version
     if version is None:
-        out.append(_finding(loc.pos(("components",)), "error",
-                            "components.sglang: an sglang server needs a pinned sglang release; add components.sglang.version",
-                            "missing-key"))
+        out.append(
+            _finding(
+                loc.pos(("components",)),
+                "error",
+                "components.sglang: an sglang server needs a pinned sglang release; add components.sglang.version",
+                "missing-key",
+            )
+        )
         return out
     table = sglang.load_table(version, offline=offline)
     for flag, value in stack.server.flags.items():
@@ -84,9 +98,14 @@ def check_patches(stack: Stack, *, offline: bool) -> list[Finding]:
     for i, p in enumerate(stack.patches):
         for issue in patchmod.check_patch(p.path, p.text, wheel, stack.sglang_version):
             spec_pos = loc.pos(("patches", i))
-            out.append(_finding(spec_pos, issue.severity,
-                                f"patches: {p.name}:{issue.line}: {issue.message}",
-                                "patch-applied" if issue.severity == "warning" else "patch"))
+            out.append(
+                _finding(
+                    spec_pos,
+                    issue.severity,
+                    f"patches: {p.name}:{issue.line}: {issue.message}",
+                    "patch-applied" if issue.severity == "warning" else "patch",
+                )
+            )
     return out
 
 

@@ -24,7 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "promote": ("builder.commands.build_cmds:promote_cmd", "Point a registry channel tag at an image digest."),
     "deploy": ("builder.commands.deploy_cmds:deploy_cmd", "Deploy to a host over SSH, gate it, promote or roll back."),
     "status": ("builder.commands.deploy_cmds:status_cmd", "Show what a host runs, which digest, last verdict."),
-    "rollback": ("builder.commands.deploy_cmds:rollback_cmd", "Put the previous image back on a host, verified serving."),
+    "rollback": (
+        "builder.commands.deploy_cmds:rollback_cmd",
+        "Put the previous image back on a host, verified serving.",
+    ),
     "gate": ("builder.commands.gate_cmds:gate_cmd", "Measure a server against an incumbent and decide."),
     "sim": ("builder.commands.gate_cmds:sim_cmd", "Run the SGLang-compatible simulated server."),
     "report": ("builder.commands.report_cmds:report_cmd", "Write the results table, conclusion and plot."),

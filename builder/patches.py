@@ -59,9 +59,13 @@ def check_patch(patch_path: Path, text: str, wheel: Path, version: str) -> list[
         issues = []
         for f in files:
             if f not in members:
-                issues.append(PatchIssue(f"patches {f}, which sglang {version} does not ship; "
-                                         "paths must be relative to site-packages (a/sglang/...)",
-                                         _line_of(text, f)))
+                issues.append(
+                    PatchIssue(
+                        f"patches {f}, which sglang {version} does not ship; "
+                        "paths must be relative to site-packages (a/sglang/...)",
+                        _line_of(text, f),
+                    )
+                )
             else:
                 dest = Path(tmp) / f
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -75,8 +79,11 @@ def check_patch(patch_path: Path, text: str, wheel: Path, version: str) -> list[
         rev = proc.run(dry_run_argv(patch_path, Path(tmp), reverse=True), check=False, timeout=60)
         if rev.returncode == 0:
             return [PatchIssue(f"already applied upstream in sglang {version}; drop this patch", 1, "warning")]
-        return _failures(out, text, version) or [PatchIssue(f"does not apply to sglang {version}: "
-                                                            f"{out.strip().splitlines()[-1] if out.strip() else 'patch failed'}")]
+        return _failures(out, text, version) or [
+            PatchIssue(
+                f"does not apply to sglang {version}: {out.strip().splitlines()[-1] if out.strip() else 'patch failed'}"
+            )
+        ]
 
 
 def _line_of(text: str, file: str) -> int:
@@ -97,7 +104,11 @@ def _failures(output: str, text: str, version: str) -> list[PatchIssue]:
         m = _HUNK_FAIL_RE.search(ln)
         if m and current:
             hunk, at = int(m.group(1)), int(m.group(2))
-            issues.append(PatchIssue(f"hunk #{hunk} of {current} does not apply to sglang {version} "
-                                     f"(expected near line {at}); rebase the patch on {version}",
-                                     hunk_line(text, current, hunk)))
+            issues.append(
+                PatchIssue(
+                    f"hunk #{hunk} of {current} does not apply to sglang {version} "
+                    f"(expected near line {at}); rebase the patch on {version}",
+                    hunk_line(text, current, hunk),
+                )
+            )
     return issues

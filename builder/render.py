@@ -62,6 +62,7 @@ class Rendered:
 
 # --- small pure pieces ---------------------------------------------------------
 
+
 def flag_args(flags: dict[str, Any]) -> list[str]:
     """Spec flags -> argv: true = bare switch, false/null = absent, list = several values."""
     out: list[str] = []
@@ -119,8 +120,7 @@ def systemd_quote(arg: str) -> str:
     """
     if _SAFE_ARG.match(arg):
         return arg
-    esc = (arg.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-           .replace("\t", "\\t").replace("\r", "\\r"))
+    esc = arg.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
     return '"' + esc.replace("$", "$$").replace("%", "%%") + '"'
 
 
@@ -136,14 +136,19 @@ def image_ref(stack: Stack, content_hash: str, repo: str | None = None) -> str:
 
 # --- whole files ---------------------------------------------------------------------
 
+
 def render_unit(stack: Stack, *, image: str, port: int, name: str) -> str:
-    return make_env().get_template("server.service.j2").render(
-        stack=stack,
-        name=name,
-        env_file=f"{ENV_DIR}/{stack.host.service}.env",
-        exec_start=exec_line(docker_run_argv(stack, image=image, port=port, name=name)),
-        exec_pre=exec_line([DOCKER, "rm", "--force", name]),
-        exec_stop=exec_line([DOCKER, "stop", "--time", "30", name]),
+    return (
+        make_env()
+        .get_template("server.service.j2")
+        .render(
+            stack=stack,
+            name=name,
+            env_file=f"{ENV_DIR}/{stack.host.service}.env",
+            exec_start=exec_line(docker_run_argv(stack, image=image, port=port, name=name)),
+            exec_pre=exec_line([DOCKER, "rm", "--force", name]),
+            exec_stop=exec_line([DOCKER, "stop", "--time", "30", name]),
+        )
     )
 
 
@@ -194,7 +199,8 @@ def render_stack(stack: Stack) -> Rendered:
     lock = _lock(stack, content_hash)
     lock_json = json.dumps(lock, indent=2, sort_keys=True) + "\n"
     labels = env.get_template("labels.j2").render(
-        stack=stack, content_hash=content_hash,
+        stack=stack,
+        content_hash=content_hash,
         lock_compact=json.dumps(lock, sort_keys=True, separators=(",", ":")),
         version=(stack.sglang_version or "sim"),
     )
@@ -202,7 +208,8 @@ def render_stack(stack: Stack) -> Rendered:
         "Dockerfile": body + labels,
         "stack.lock.json": lock_json,
         f"units/{stack.host.service}.service": render_unit(
-            stack, image=image_ref(stack, content_hash), port=stack.runtime.port, name=stack.host.service),
+            stack, image=image_ref(stack, content_hash), port=stack.runtime.port, name=stack.host.service
+        ),
     }
     for p in stack.patches:
         files[f"patches/{p.name}"] = p.text

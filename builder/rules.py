@@ -93,6 +93,7 @@ def _fusion_flags(stack: Stack) -> Iterator[str]:
 
 # --- conditions ---------------------------------------------------------------
 
+
 def _arch_cuda(s: Stack) -> Iterator[Hit]:
     for i, arch in enumerate(s.arches):
         need = ARCH_MIN_CUDA.get(arch)
@@ -221,49 +222,105 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("arch-cuda", "error", _arch_cuda,
-         "{arch} needs CUDA >= {need} (stack has {cuda}); raise cuda or drop the arch",
-         "NVIDIA CUDA 12.8/12.9 release notes: Blackwell targets"),
-    Rule("flashinfer-arch", "error", _fi_arch,
-         "FLASHINFER_CUDA_ARCH_LIST '{arch}' needs CUDA >= 12.9 (stack has {cuda}); use '{alt}'",
-         "flashinfer build docs: family-specific 'f' targets need nvcc 12.9"),
-    Rule("torch-wheel", "error", _torch_wheel,
-         "torch {version} has no {tag} wheel (it ships {have}); build torch from source or pick another torch",
-         "download.pytorch.org wheel index"),
-    Rule("torch-index-cuda", "error", _torch_index_cuda,
-         "torch index {tag} does not match the stack's CUDA {cuda}; use the {want} index",
-         "torch wheels bundle their CUDA runtime; mixing majors breaks extensions"),
-    Rule("sglang-pins", "error", _pins,
-         "{comp} {have} disagrees with sglang {sglang}, which pins {want}; pin {want} or change sglang",
-         "sglang wheel METADATA Requires-Dist"),
-    Rule("sm120-fusion-patch", "error", _fusion_patch,
-         "{flag} on sm_120 with sglang {sglang} raises 'requires SM90 or SM10X'; add a patch to "
-         "srt/layers/flashinfer_comm_fusion.py (see stacks/patches/)",
-         "sglang srt/layers/flashinfer_comm_fusion.py"),
-    Rule("sm120-fusion-cuda", "error", _fusion_cuda128,
-         "{flag} on sm_120 under CUDA {cuda} fails in FlashInfer's JIT; use the CUDA 13 stack",
-         "users' results table: 'FlashInfer fusion SM120: FAILED (JIT unsupported)'"),
-    Rule("sm120-symm-mem", "warning", _symm_mem,
-         "--enable-torch-symm-mem has no effect on sm_120 (capability 12 is not in torch's table)",
-         "torch symmetric memory size table; sglang logs 'not supported'"),
-    Rule("spec-running-cap", "warning", _spec_cap,
-         "speculative decoding without --max-running-requests silently caps the batch at 48; set it",
-         "sglang 0.5.23 speculative_hook: default max_running_requests=48"),
-    Rule("spec-adaptive-topk", "error", _adaptive_topk,
-         "--speculative-adaptive needs --speculative-eagle-topk 1 (have {topk}); set topk to 1",
-         "sglang 0.5.23 speculative_hook"),
-    Rule("sm120-moe-runner", "warning", _moe_runner,
-         "--moe-runner-backend {value} picks flashinfer_trtllm, which is SM100-only; use flashinfer_cutlass",
-         "sglang 0.5.23 moe_hook"),
-    Rule("driver-floor", "error", _driver,
-         "driver {driver} is below {floor}, the floor for CUDA {cuda}; upgrade the host driver",
-         "NVIDIA CUDA toolkit release notes, minimum driver versions"),
-    Rule("tp-gpus", "error", _tp_gpus,
-         "tensor parallel size and GPUs disagree ({values}); make --tp-size, runtime.tp and runtime.gpus agree",
-         "sglang needs one GPU per TP rank"),
-    Rule("base-image-cuda", "error", _base_cuda,
-         "base image is CUDA {image} but the stack says cuda {cuda}; make them agree",
-         "nvidia/cuda image tags"),
+    Rule(
+        "arch-cuda",
+        "error",
+        _arch_cuda,
+        "{arch} needs CUDA >= {need} (stack has {cuda}); raise cuda or drop the arch",
+        "NVIDIA CUDA 12.8/12.9 release notes: Blackwell targets",
+    ),
+    Rule(
+        "flashinfer-arch",
+        "error",
+        _fi_arch,
+        "FLASHINFER_CUDA_ARCH_LIST '{arch}' needs CUDA >= 12.9 (stack has {cuda}); use '{alt}'",
+        "flashinfer build docs: family-specific 'f' targets need nvcc 12.9",
+    ),
+    Rule(
+        "torch-wheel",
+        "error",
+        _torch_wheel,
+        "torch {version} has no {tag} wheel (it ships {have}); build torch from source or pick another torch",
+        "download.pytorch.org wheel index",
+    ),
+    Rule(
+        "torch-index-cuda",
+        "error",
+        _torch_index_cuda,
+        "torch index {tag} does not match the stack's CUDA {cuda}; use the {want} index",
+        "torch wheels bundle their CUDA runtime; mixing majors breaks extensions",
+    ),
+    Rule(
+        "sglang-pins",
+        "error",
+        _pins,
+        "{comp} {have} disagrees with sglang {sglang}, which pins {want}; pin {want} or change sglang",
+        "sglang wheel METADATA Requires-Dist",
+    ),
+    Rule(
+        "sm120-fusion-patch",
+        "error",
+        _fusion_patch,
+        "{flag} on sm_120 with sglang {sglang} raises 'requires SM90 or SM10X'; add a patch to "
+        "srt/layers/flashinfer_comm_fusion.py (see stacks/patches/)",
+        "sglang srt/layers/flashinfer_comm_fusion.py",
+    ),
+    Rule(
+        "sm120-fusion-cuda",
+        "error",
+        _fusion_cuda128,
+        "{flag} on sm_120 under CUDA {cuda} fails in FlashInfer's JIT; use the CUDA 13 stack",
+        "users' results table: 'FlashInfer fusion SM120: FAILED (JIT unsupported)'",
+    ),
+    Rule(
+        "sm120-symm-mem",
+        "warning",
+        _symm_mem,
+        "--enable-torch-symm-mem has no effect on sm_120 (capability 12 is not in torch's table)",
+        "torch symmetric memory size table; sglang logs 'not supported'",
+    ),
+    Rule(
+        "spec-running-cap",
+        "warning",
+        _spec_cap,
+        "speculative decoding without --max-running-requests silently caps the batch at 48; set it",
+        "sglang 0.5.23 speculative_hook: default max_running_requests=48",
+    ),
+    Rule(
+        "spec-adaptive-topk",
+        "error",
+        _adaptive_topk,
+        "--speculative-adaptive needs --speculative-eagle-topk 1 (have {topk}); set topk to 1",
+        "sglang 0.5.23 speculative_hook",
+    ),
+    Rule(
+        "sm120-moe-runner",
+        "warning",
+        _moe_runner,
+        "--moe-runner-backend {value} picks flashinfer_trtllm, which is SM100-only; use flashinfer_cutlass",
+        "sglang 0.5.23 moe_hook",
+    ),
+    Rule(
+        "driver-floor",
+        "error",
+        _driver,
+        "driver {driver} is below {floor}, the floor for CUDA {cuda}; upgrade the host driver",
+        "NVIDIA CUDA toolkit release notes, minimum driver versions",
+    ),
+    Rule(
+        "tp-gpus",
+        "error",
+        _tp_gpus,
+        "tensor parallel size and GPUs disagree ({values}); make --tp-size, runtime.tp and runtime.gpus agree",
+        "sglang needs one GPU per TP rank",
+    ),
+    Rule(
+        "base-image-cuda",
+        "error",
+        _base_cuda,
+        "base image is CUDA {image} but the stack says cuda {cuda}; make them agree",
+        "nvidia/cuda image tags",
+    ),
 )
 
 

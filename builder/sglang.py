@@ -45,8 +45,17 @@ class Table:
 
     def to_json(self) -> str:
         canon = {f.name: asdict(f) for f in self.flags.values()}
-        return json.dumps({"format": TABLE_FORMAT, "version": self.version, "flags": canon,
-                           "env": sorted(self.env), "requires": self.requires}, indent=1, sort_keys=True)
+        return json.dumps(
+            {
+                "format": TABLE_FORMAT,
+                "version": self.version,
+                "flags": canon,
+                "env": sorted(self.env),
+                "requires": self.requires,
+            },
+            indent=1,
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Table:
@@ -118,8 +127,12 @@ def _fields_flags(tree: ast.Module) -> list[Flag]:
             if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
                 continue
             ann = stmt.annotation
-            if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name)
-                    and ann.value.id in ("A", "Annotated") and isinstance(ann.slice, ast.Tuple)):
+            if not (
+                isinstance(ann, ast.Subscript)
+                and isinstance(ann.value, ast.Name)
+                and ann.value.id in ("A", "Annotated")
+                and isinstance(ann.slice, ast.Tuple)
+            ):
                 continue
             inner, *meta = ann.slice.elts
             help_text, aliases, cli_name, action, new_flag = None, [], None, None, None
@@ -169,8 +182,11 @@ def _add_argument_flags(tree: ast.Module) -> list[Flag]:
         help_text = _const_str(kws.get("help")) or ""
         dep, repl = _deprecation(help_text, action, _const_str(kws.get("new_flag")))
         nargs = kws.get("nargs")
-        takes_value = not (action in ("store_true", "store_false") or (action and "StoreTrue" in action)
-                           or (isinstance(nargs, ast.Constant) and nargs.value == 0))
+        takes_value = not (
+            action in ("store_true", "store_false")
+            or (action and "StoreTrue" in action)
+            or (isinstance(nargs, ast.Constant) and nargs.value == 0)
+        )
         out.append(Flag(names[0], tuple(names[1:]), takes_value, dep, repl))
     return out
 
@@ -179,7 +195,13 @@ def _env_names(tree: ast.Module) -> set[str]:
     names: set[str] = set()
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Envs"):
         for stmt in cls.body:
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+            targets = (
+                stmt.targets
+                if isinstance(stmt, ast.Assign)
+                else [stmt.target]
+                if isinstance(stmt, ast.AnnAssign)
+                else []
+            )
             names |= {t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper()}
     return names
 
@@ -217,12 +239,15 @@ def table_from_wheel(wheel: Path, version: str) -> Table:
         if meta:
             t.requires = _requires(z.read(meta).decode("utf-8", "replace"))
     if len(t.flags) < 50:
-        raise InfraError(f"sglang {version}: found only {len(t.flags)} flags in {wheel.name}; "
-                         "its layout is not one stackbuild knows how to read")
+        raise InfraError(
+            f"sglang {version}: found only {len(t.flags)} flags in {wheel.name}; "
+            "its layout is not one stackbuild knows how to read"
+        )
     return t
 
 
 # --- cache --------------------------------------------------------------------
+
 
 def cache_dir() -> Path:
     env = os.environ.get("STACKBUILD_CACHE_DIR")
@@ -240,8 +265,20 @@ def wheel_path(version: str) -> Path | None:
 
 
 def download_argv(version: str, dest: Path) -> list[str]:
-    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-            "--disable-pip-version-check", "-q", f"sglang=={version}", "-d", str(dest)]
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-q",
+        f"sglang=={version}",
+        "-d",
+        str(dest),
+    ]
 
 
 def ensure_wheel(version: str, *, offline: bool) -> Path:
@@ -249,8 +286,9 @@ def ensure_wheel(version: str, *, offline: bool) -> Path:
     if found:
         return found
     if offline:
-        raise InputError(f"sglang {version} is not in the cache ({cache_dir() / 'sglang'}); "
-                         "run once without --offline to fetch it")
+        raise InputError(
+            f"sglang {version} is not in the cache ({cache_dir() / 'sglang'}); run once without --offline to fetch it"
+        )
     d = cache_dir() / "sglang" / version
     d.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=d) as tmp:
@@ -279,6 +317,7 @@ def load_table(version: str, *, offline: bool = False) -> Table:
 
 # --- checks (pure) ---------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class FlagIssue:
     severity: str
@@ -301,8 +340,9 @@ def check_flag(table: Table, flag: str, value: object) -> FlagIssue | None:
     if known.takes_value and (value is True or value is None):
         return FlagIssue("error", f"'{flag}' takes a value in sglang {v}; give it one", "sglang-flag-value")
     if not known.takes_value and value is not True:
-        return FlagIssue("error", f"'{flag}' is a switch in sglang {v}; write `{flag}: true` (or remove it)",
-                         "sglang-flag-value")
+        return FlagIssue(
+            "error", f"'{flag}' is a switch in sglang {v}; write `{flag}: true` (or remove it)", "sglang-flag-value"
+        )
     if known.deprecated:
         instead = f"; use {known.replacement} instead" if known.replacement else ""
         return FlagIssue("warning", f"'{flag}' is deprecated in sglang {v}{instead}", "sglang-deprecated")
@@ -319,10 +359,11 @@ RETIRED_ENV = {
 def check_env(table: Table, name: str) -> FlagIssue | None:
     if not (name.startswith("SGLANG_") or name.startswith("SGL_")):
         return None
-    canonical = "SGLANG_" + name[len("SGL_"):] if name.startswith("SGL_") else name
+    canonical = "SGLANG_" + name[len("SGL_") :] if name.startswith("SGL_") else name
     if canonical in table.env:
         return None
     close = difflib.get_close_matches(canonical, sorted(table.env), n=1, cutoff=0.88)
     hint = RETIRED_ENV.get(canonical) or (f" (did you mean {close[0]}?)" if close else "; remove it")
-    return FlagIssue("error", f"env {name} is not read by sglang {table.version}: it would be silently ignored{hint}",
-                     "sglang-env")
+    return FlagIssue(
+        "error", f"env {name} is not read by sglang {table.version}: it would be silently ignored{hint}", "sglang-env"
+    )

@@ -88,7 +88,7 @@ class Runtime(_Model):
     tp: int = 1
     shm_size: str = "32g"
     ipc: Literal["host", "private", "shareable"] = "host"
-    ulimits: dict[str, str | int] = Field(default_factory=lambda: {"memlock": -1, "stack": 67108864})
+    ulimits: dict[str, str | int] = Field(default_factory=lambda: dict[str, str | int](memlock=-1, stack=67108864))
     port: int = Field(30000, ge=1, le=65535)
     staging_port: int = Field(30001, ge=1, le=65535)
     volumes: tuple[str, ...] = ()
@@ -157,8 +157,8 @@ class Stack(_Model):
     def cuda_mm(self) -> tuple[int, int] | None:
         if not self.cuda:
             return None
-        major, minor, *_ = (self.cuda.split(".") + ["0"])[:2] + [""]
-        return int(major), int(minor)
+        parts = [*self.cuda.split("."), "0"]
+        return int(parts[0]), int(parts[1])
 
 
 # Keys handled by the loader itself, not part of the model.
@@ -202,7 +202,9 @@ def deep_merge(base: Any, over: Any) -> Any:
     return over
 
 
-def _merge_positions(into: Located, over: Located, prefix_from: tuple[Any, ...] = (), prefix_to: tuple[Any, ...] = ()) -> None:
+def _merge_positions(
+    into: Located, over: Located, prefix_from: tuple[Any, ...] = (), prefix_to: tuple[Any, ...] = ()
+) -> None:
     n = len(prefix_from)
     for table_name in ("values", "keys"):
         src: dict[Any, Pos] = getattr(over, table_name)
@@ -222,11 +224,21 @@ def resolve_extends(ref: StackRef, seen: tuple[Path, ...] = ()) -> RawSpec:
         raise SpecError([_problem(loc.pos(("extends",)), "extends: must be a stack name or a file path", "extends")])
     parent_ref = find_stack(parent_name, near=ref.path.parent, root=ref.root)
     if parent_ref is None:
-        raise SpecError([_problem(loc.pos(("extends",)), f"extends: no stack '{parent_name}' found; "
-                                  "name a stack under stacks/ or a path relative to this file", "extends")])
+        raise SpecError(
+            [
+                _problem(
+                    loc.pos(("extends",)),
+                    f"extends: no stack '{parent_name}' found; "
+                    "name a stack under stacks/ or a path relative to this file",
+                    "extends",
+                )
+            ]
+        )
     if parent_ref.path.resolve() in (*seen, ref.path.resolve()):
         chain = " -> ".join(p.name for p in (*seen, ref.path.resolve(), parent_ref.path.resolve()))
-        raise SpecError([_problem(loc.pos(("extends",)), f"extends: cycle {chain}; remove one of the links", "extends-cycle")])
+        raise SpecError(
+            [_problem(loc.pos(("extends",)), f"extends: cycle {chain}; remove one of the links", "extends-cycle")]
+        )
     parent = resolve_extends(parent_ref, (*seen, ref.path.resolve()))
     child = {k: v for k, v in data.items() if k != "extends"}
     merged = deep_merge({k: v for k, v in parent.data.items() if k != "name"}, child)
@@ -247,17 +259,24 @@ def _apply_variant(raw: RawSpec, variant: str | None) -> tuple[dict[str, Any], L
     variants = data.pop("variants", None) or {}
     loc = Located(data, raw.located.file, dict(raw.located.values), dict(raw.located.keys))
     if not isinstance(variants, dict):
-        return data, loc, [_problem(raw.located.pos(("variants",)), "variants: must be a mapping of name -> overlay", "type")]
+        return (
+            data,
+            loc,
+            [_problem(raw.located.pos(("variants",)), "variants: must be a mapping of name -> overlay", "type")],
+        )
     if variant is None:
         return data, loc, []
     if variant not in variants:
         names = ", ".join(sorted(variants)) or "none"
         where = raw.located.keys.get(("variants",)) or raw.located.pos(())
-        return data, loc, [_problem(where,
-                                    f"unknown variant '{variant}' (this stack has: {names})", "variant")]
+        return data, loc, [_problem(where, f"unknown variant '{variant}' (this stack has: {names})", "variant")]
     overlay = variants[variant] or {}
     if not isinstance(overlay, dict):
-        return data, loc, [_problem(raw.located.pos(("variants", variant)), "a variant must be a mapping overlay", "type")]
+        return (
+            data,
+            loc,
+            [_problem(raw.located.pos(("variants", variant)), "a variant must be a mapping overlay", "type")],
+        )
     merged = deep_merge(data, overlay)
     if "patches" in overlay and "patches" in data:
         merged["patches"] = _patch_list(data["patches"]) + _patch_list(overlay["patches"])
@@ -280,9 +299,13 @@ def _load_patches(data: dict[str, Any], loc: Located, root: Path) -> tuple[list[
         try:
             blob = path.read_bytes()
         except OSError:
-            problems.append(_problem(loc.pos(("patches", i)),
-                                     f"patch file '{item}' not found (looked in {path.parent}); add it or fix the path",
-                                     "missing-file"))
+            problems.append(
+                _problem(
+                    loc.pos(("patches", i)),
+                    f"patch file '{item}' not found (looked in {path.parent}); add it or fix the path",
+                    "missing-file",
+                )
+            )
             continue
         out.append(Patch(path=path, sha256=hashlib.sha256(blob).hexdigest(), text=blob.decode("utf-8", "replace")))
     return out, problems
@@ -323,7 +346,11 @@ def _unwrap_model(ann: Any) -> Any:
 def _validation_findings(err: ValidationError, loc: Located) -> list[Finding]:
     findings = []
     for e in err.errors():
-        path = tuple(p for p in e["loc"] if not (isinstance(p, str) and p in ("str", "int", "float", "bool", "list[union[str,int,float]]")))
+        path = tuple(
+            p
+            for p in e["loc"]
+            if not (isinstance(p, str) and p in ("str", "int", "float", "bool", "list[union[str,int,float]]"))
+        )
         where = ".".join(str(p) for p in path) or "(top level)"
         typ = e["type"]
         if typ == "extra_forbidden":
@@ -339,7 +366,7 @@ def _validation_findings(err: ValidationError, loc: Located) -> list[Finding]:
         else:
             msg = e["msg"]
             if msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
+                msg = msg[len("Value error, ") :]
             got = e.get("input")
             shown = repr(got) if not isinstance(got, dict | list) else type(got).__name__
             findings.append(_problem(loc.pos(path), f"{where}: {msg} (got {shown})", "type"))
@@ -355,8 +382,18 @@ def load_stack(name_or_path: str | Path, *, root: Path | None = None, variant: s
     ref = find_stack(str(name_or_path), root=root)
     if ref is None:
         where = ", ".join(str(d) for d in stack_dirs(root)) or "(none)"
-        raise SpecError([Finding(str(name_or_path), 1, 1, "error",
-                                 f"no stack named '{name_or_path}' (looked in {where}); run 'stackbuild list'", "stack")])
+        raise SpecError(
+            [
+                Finding(
+                    str(name_or_path),
+                    1,
+                    1,
+                    "error",
+                    f"no stack named '{name_or_path}' (looked in {where}); run 'stackbuild list'",
+                    "stack",
+                )
+            ]
+        )
     raw = resolve_extends(ref)
     data, loc, problems = _apply_variant(raw, variant)
     variants = raw.data.get("variants") or {}
@@ -364,8 +401,13 @@ def load_stack(name_or_path: str | Path, *, root: Path | None = None, variant: s
     problems += patch_problems
     fields = {k: v for k, v in data.items() if k not in _LOADER_KEYS}
     fields.setdefault("name", ref.name)
-    fields.update(source=ref.path, root=ref.root, variant=variant, patches=patches,
-                  variants=tuple(variants) if isinstance(variants, dict) else ())
+    fields.update(
+        source=ref.path,
+        root=ref.root,
+        variant=variant,
+        patches=patches,
+        variants=tuple(variants) if isinstance(variants, dict) else (),
+    )
     try:
         stack = Stack.model_validate(fields)
     except ValidationError as err:

@@ -73,8 +73,9 @@ def load_located(text: str, file: str) -> Located:
     except yaml.reader.ReaderError as err:
         before = text[: err.position]
         pos = Pos(file, before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1)
-        raise YamlProblem(pos, f"YAML: character {err.character!r} is not allowed in YAML; remove it",
-                          "yaml-syntax") from err
+        raise YamlProblem(
+            pos, f"YAML: character {err.character!r} is not allowed in YAML; remove it", "yaml-syntax"
+        ) from err
     except yaml.YAMLError as err:
         raise YamlProblem(Pos(file, 1, 1), f"YAML: {' '.join(str(err).split())}", "yaml-syntax") from err
     out = Located(data=None, file=file)

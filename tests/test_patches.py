@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers_spec import BASE, project, run_cli
 
 from builder.paths import shipped_dir
-from helpers_spec import BASE, project, run_cli
 
 SHIPPED = shipped_dir("stacks") / "patches" / "sglang-0.5.23-sm120-allreduce-fusion.patch"
 WITH_FUSION = BASE.replace("    --tp-size: 8\n", "    --tp-size: 8\n    --flashinfer-allreduce-fusion-backend: auto\n")
@@ -30,13 +30,16 @@ def test_shipped_patch_applies_and_satisfies_fusion_rule(tmp_path: Path, capsys:
 def test_hunk_that_does_not_apply_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     broken = SHIPPED.read_text().replace(
         '-            "FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs."',
-        '-            "FlashInfer allreduce fusion requires SM90 NVIDIA GPUs."')
+        '-            "FlashInfer allreduce fusion requires SM90 NVIDIA GPUs."',
+    )
     root = _project_with_patch(tmp_path, broken)
     rc, err, _ = run_cli(capsys, "--root", str(root), "validate", "s")
     assert rc == 2
-    assert err[0] == ("stacks/s.yaml:19:11: error: patches: p.patch:12: hunk #2 of "
-                      "sglang/srt/layers/flashinfer_comm_fusion.py does not apply to sglang 0.5.23 (expected near "
-                      "line 47); rebase the patch on 0.5.23 [patch]")
+    assert err[0] == (
+        "stacks/s.yaml:19:11: error: patches: p.patch:12: hunk #2 of "
+        "sglang/srt/layers/flashinfer_comm_fusion.py does not apply to sglang 0.5.23 (expected near "
+        "line 47); rebase the patch on 0.5.23 [patch]"
+    )
 
 
 def test_patch_already_applied_upstream_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -52,6 +55,7 @@ def test_patch_already_applied_upstream_warns(tmp_path: Path, capsys: pytest.Cap
             swapped.append("-" + ln[1:])
         elif ln.startswith("@@"):
             import re
+
             m = re.match(r"@@ -(\d+),(\d+) \+(\d+),(\d+) @@", ln)
             assert m
             a, b, c, d = m.groups()
@@ -63,8 +67,10 @@ def test_patch_already_applied_upstream_warns(tmp_path: Path, capsys: pytest.Cap
     (root / "stacks" / "patches" / "p.patch").write_text("".join(swapped))
     rc, err, _ = run_cli(capsys, "--root", str(root), "validate", "s")
     assert rc == 0
-    assert err == ["stacks/s.yaml:18:11: warning: patches: p.patch:1: already applied upstream in sglang 0.5.23; "
-                   "drop this patch [patch-applied]"]
+    assert err == [
+        "stacks/s.yaml:18:11: warning: patches: p.patch:1: already applied upstream in sglang 0.5.23; "
+        "drop this patch [patch-applied]"
+    ]
 
 
 def test_patch_for_a_file_sglang_does_not_ship(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,5 +80,7 @@ def test_patch_for_a_file_sglang_does_not_ship(tmp_path: Path, capsys: pytest.Ca
     (root / "stacks" / "patches" / "p.patch").write_text(text)
     rc, err, _ = run_cli(capsys, "--root", str(root), "validate", "s")
     assert rc == 2
-    assert err[0] == ("stacks/s.yaml:18:11: error: patches: p.patch:2: patches sglang/srt/nope.py, which sglang "
-                      "0.5.23 does not ship; paths must be relative to site-packages (a/sglang/...) [patch]")
+    assert err[0] == (
+        "stacks/s.yaml:18:11: error: patches: p.patch:2: patches sglang/srt/nope.py, which sglang "
+        "0.5.23 does not ship; paths must be relative to site-packages (a/sglang/...) [patch]"
+    )

@@ -13,11 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers_spec import BASE, project, run_cli
 
 from builder.paths import shipped_dir
 from builder.render import docker_run_argv, exec_line, flag_args, render_stack, server_argv, systemd_quote
 from builder.spec import load_stack
-from helpers_spec import BASE, project, run_cli
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = shipped_dir("stacks").parent
@@ -39,41 +39,97 @@ def test_rendered_files_match_golden(name: str, variant: str | None) -> None:
 
 def test_flag_args_spell_switches_lists_and_removals() -> None:
     assert flag_args({"--a": True, "--b": False, "--c": None, "--d": [1, "x"], "--e": 0.85, "--f": "s p"}) == [
-        "--a", "--d", "1", "x", "--e", "0.85", "--f", "s p"]
+        "--a",
+        "--d",
+        "1",
+        "x",
+        "--e",
+        "0.85",
+        "--f",
+        "s p",
+    ]
 
 
 def test_server_argv_for_sglang_and_sim() -> None:
     s = load_stack("cuda13", root=ROOT)
     assert server_argv(s, port=31234)[:12] == [
-        "python3", "-m", "sglang.launch_server", "--model-path", "/models/Qwen3.5-397B-A17B-NVFP4",
-        "--served-model-name", "qwen3.5-397b", "--host", "127.0.0.1", "--port", "31234", "--tp-size"]
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/Qwen3.5-397B-A17B-NVFP4",
+        "--served-model-name",
+        "qwen3.5-397b",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31234",
+        "--tp-size",
+    ]
     sim = load_stack("sim", root=ROOT, variant="slower")
     assert server_argv(sim, port=31001) == [
-        "stackbuild", "sim", "--model-path", "/models/sim", "--served-model-name", "sim", "--host", "127.0.0.1",
-        "--port", "31001", "--profile", "baseline", "--speed", "20", "--warmup-s", "1", "--fault", "slow:2"]
+        "stackbuild",
+        "sim",
+        "--model-path",
+        "/models/sim",
+        "--served-model-name",
+        "sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31001",
+        "--profile",
+        "baseline",
+        "--speed",
+        "20",
+        "--warmup-s",
+        "1",
+        "--fault",
+        "slow:2",
+    ]
 
 
 def test_docker_run_argv_passes_secret_names_only() -> None:
     sim = load_stack("sim", root=ROOT)
     argv = docker_run_argv(sim, image="127.0.0.1:5000/stackbuild:sim-abc", port=31000, name="stackbuild-sim")
     assert argv[:19] == [
-        "/usr/bin/docker", "run", "--rm", "--name", "stackbuild-sim", "--network", "host", "--ipc", "private",
-        "--shm-size", "1g", "--ulimit", "nofile=65536", "--env", "HF_TOKEN", "--label",
-        "dev.stackbuild.unit=stackbuild-sim", "127.0.0.1:5000/stackbuild:sim-abc", "stackbuild"]
+        "/usr/bin/docker",
+        "run",
+        "--rm",
+        "--name",
+        "stackbuild-sim",
+        "--network",
+        "host",
+        "--ipc",
+        "private",
+        "--shm-size",
+        "1g",
+        "--ulimit",
+        "nofile=65536",
+        "--env",
+        "HF_TOKEN",
+        "--label",
+        "dev.stackbuild.unit=stackbuild-sim",
+        "127.0.0.1:5000/stackbuild:sim-abc",
+        "stackbuild",
+    ]
 
 
-@pytest.mark.parametrize(("arg", "quoted"), [
-    ("plain-arg_1.0", "plain-arg_1.0"),
-    ("a b", '"a b"'),
-    ("x; rm -rf /", '"x; rm -rf /"'),
-    ("$(id)", '"$$(id)"'),
-    ("${HOME}", '"$${HOME}"'),
-    ("100%", '"100%%"'),
-    ('say "hi"', '"say \\"hi\\""'),
-    ("back\\slash", '"back\\\\slash"'),
-    ("two\nlines", '"two\\nlines"'),
-    ("", '""'),
-])
+@pytest.mark.parametrize(
+    ("arg", "quoted"),
+    [
+        ("plain-arg_1.0", "plain-arg_1.0"),
+        ("a b", '"a b"'),
+        ("x; rm -rf /", '"x; rm -rf /"'),
+        ("$(id)", '"$$(id)"'),
+        ("${HOME}", '"$${HOME}"'),
+        ("100%", '"100%%"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("back\\slash", '"back\\\\slash"'),
+        ("two\nlines", '"two\\nlines"'),
+        ("", '""'),
+    ],
+)
 def test_systemd_quote(arg: str, quoted: str) -> None:
     assert systemd_quote(arg) == quoted
 
@@ -95,11 +151,23 @@ def test_content_hash_tracks_what_changes_the_image(tmp_path: Path) -> None:
     h0 = _hash(tmp_path / "a", patched, "--- a/x\n+++ b/x\n")
     assert _hash(tmp_path / "b", patched, "--- a/x\n+++ b/x\n") == h0  # deterministic
     # server flags live in the unit, not the image
-    assert _hash(tmp_path / "c", patched.replace("--tp-size: 8", "--tp-size: 8\n    --enable-metrics: true"),
-                 "--- a/x\n+++ b/x\n") == h0
+    assert (
+        _hash(
+            tmp_path / "c",
+            patched.replace("--tp-size: 8", "--tp-size: 8\n    --enable-metrics: true"),
+            "--- a/x\n+++ b/x\n",
+        )
+        == h0
+    )
     assert _hash(tmp_path / "d", patched, "--- a/x\n+++ b/x\n# changed\n") != h0  # a patch
-    assert _hash(tmp_path / "e", patched.replace("version: 0.4.10", "version: 0.4.11"),  # a component
-                 "--- a/x\n+++ b/x\n") != h0
+    assert (
+        _hash(
+            tmp_path / "e",
+            patched.replace("version: 0.4.10", "version: 0.4.11"),  # a component
+            "--- a/x\n+++ b/x\n",
+        )
+        != h0
+    )
     assert _hash(tmp_path / "f", patched.replace("13.0.1", "13.0.2"), "--- a/x\n+++ b/x\n") != h0  # CUDA
 
 
@@ -108,7 +176,11 @@ def test_lock_and_labels_carry_versions_and_hash() -> None:
     lock = json.loads(rendered.files["stack.lock.json"])
     assert lock["content_hash"] == rendered.content_hash
     assert {k: v["version"] for k, v in lock["components"].items()} == {
-        "torch": "2.14.1", "sgl_kernel": "0.4.10", "flashinfer": "0.7.2", "sglang": "0.5.23"}
+        "torch": "2.14.1",
+        "sgl_kernel": "0.4.10",
+        "flashinfer": "0.7.2",
+        "sglang": "0.5.23",
+    }
     assert lock["patches"][0]["file"] == "patches/sglang-0.5.23-sm120-allreduce-fusion.patch"
     assert f'dev.stackbuild.hash="{rendered.content_hash}"' in rendered.files["Dockerfile"]
 
@@ -155,8 +227,11 @@ def test_render_out_writes_every_file(tmp_path: Path, capsys: pytest.CaptureFixt
     rc, _, _ = run_cli(capsys, "--root", str(ROOT), "render", "cuda13", "--out", str(out), cwd=ROOT)
     assert rc == 0
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
-        "Dockerfile", "patches/sglang-0.5.23-sm120-allreduce-fusion.patch", "stack.lock.json",
-        "units/sglang.service"]
+        "Dockerfile",
+        "patches/sglang-0.5.23-sm120-allreduce-fusion.patch",
+        "stack.lock.json",
+        "units/sglang.service",
+    ]
 
 
 def test_render_with_errors_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,4 +245,5 @@ def test_render_with_errors_writes_nothing(tmp_path: Path, capsys: pytest.Captur
 def test_committed_dockerfile_cuda13_is_fresh() -> None:
     rendered = render_stack(load_stack("cuda13", root=ROOT))
     assert (ROOT / "Dockerfile.cuda13").read_text() == rendered.files["Dockerfile"], (
-        "Dockerfile.cuda13 is stale: run 'stackbuild render cuda13' and commit it")
+        "Dockerfile.cuda13 is stale: run 'stackbuild render cuda13' and commit it"
+    )

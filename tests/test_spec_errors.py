@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from helpers_spec import BASE, project, run_cli
 
 
-def validate(tmp_path: Path, capsys: pytest.CaptureFixture[str], files: dict[str, str],
-             name: str = "s") -> tuple[int, list[str]]:
+def validate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], files: dict[str, str], name: str = "s"
+) -> tuple[int, list[str]]:
     root = project(tmp_path, files)
     rc, err, _ = run_cli(capsys, "--root", str(root), "validate", name)
     return rc, err
@@ -24,82 +24,100 @@ def test_base_spec_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 CASES = [
     pytest.param(
         BASE.replace("arches: [sm_120]", "arches: [sm_120"),
-        "stacks/s.yaml:4:11: error: YAML syntax: expected ',' or ']', but got ':'; fix the YAML at this spot [yaml-syntax]",
-        id="yaml-syntax"),
+        "stacks/s.yaml:4:11: error: YAML syntax: expected ',' or ']', but got ':'; "
+        "fix the YAML at this spot [yaml-syntax]",
+        id="yaml-syntax",
+    ),
     pytest.param(
         BASE + "sever:\n  port: 1\n",
         "stacks/s.yaml:18:1: error: sever: unknown key 'sever' (did you mean 'server'?) [unknown-key]",
-        id="unknown-top-key"),
+        id="unknown-top-key",
+    ),
     pytest.param(
         BASE + "  shm: 1g\n",
         "stacks/s.yaml:18:3: error: runtime.shm: unknown key 'shm' (did you mean 'shm_size'?) [unknown-key]",
-        id="unknown-nested-key"),
+        id="unknown-nested-key",
+    ),
     pytest.param(
         BASE + "  port: seventy\n",
         "stacks/s.yaml:18:9: error: runtime.port: Input should be a valid integer, unable to parse string "
         "as an integer (got 'seventy') [type]",
-        id="wrong-type"),
+        id="wrong-type",
+    ),
     pytest.param(
         BASE.replace("  model_path: /models/m\n", ""),
         "stacks/s.yaml:10:3: error: server.model_path: required key is missing; add it [missing-key]",
-        id="missing-key"),
+        id="missing-key",
+    ),
     pytest.param(
         BASE + "patches: [patches/nope.patch]\n",
         None,  # checked separately: the message names a tmp path
-        id="missing-file"),
+        id="missing-file",
+    ),
     pytest.param(
         BASE.replace("  tp: 8\n", "  tp: 8\n  tp: 4\n"),
         "stacks/s.yaml:18:3: error: duplicate key 'tp' (YAML keeps only the last one); remove one of them "
         "[duplicate-key]",
-        id="duplicate-key"),
+        id="duplicate-key",
+    ),
     pytest.param(
         BASE.replace("    --tp-size: 8\n", "    --tp-size: 8\n    --cuda-graph-max-bs: 128\n"),
         "stacks/s.yaml:13:5: error: server.flags: '--cuda-graph-max-bs' is ambiguous in sglang 0.5.23 "
         "(did you mean --cuda-graph-max-bs-decode or --cuda-graph-max-bs-prefill?) [sglang-flag]",
-        id="ambiguous-flag"),
+        id="ambiguous-flag",
+    ),
     pytest.param(
         BASE.replace("    --tp-size: 8\n", "    --tp: 8\n"),
         "stacks/s.yaml:12:5: error: server.flags: '--tp' is only a prefix abbreviation in sglang 0.5.23 "
         "(did you mean --tp-size?) [sglang-flag]",
-        id="prefix-flag"),
+        id="prefix-flag",
+    ),
     pytest.param(
         BASE.replace("    --tp-size: 8\n", "    --tp-size: 8\n    --enable-metrics: 1\n"),
         "stacks/s.yaml:13:5: error: server.flags: '--enable-metrics' is a switch in sglang 0.5.23; write "
         "`--enable-metrics: true` (or remove it) [sglang-flag-value]",
-        id="switch-given-value"),
+        id="switch-given-value",
+    ),
     pytest.param(
         BASE.replace('    SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: "1"\n', '    SGLANG_ENABLE_SPEC_V2: "1"\n'),
         "stacks/s.yaml:14:5: error: server.env: env SGLANG_ENABLE_SPEC_V2 is not read by sglang 0.5.23: it "
         "would be silently ignored; spec v2 is always on for EAGLE/EAGLE3, use --disable-overlap-schedule to "
         "turn overlap off [sglang-env]",
-        id="unknown-env"),
+        id="unknown-env",
+    ),
     pytest.param(
-        BASE.replace('cuda: "13.0.1"', 'cuda: "12.6"').replace("13.0.1-cudnn", "12.6.3-cudnn")
+        BASE.replace('cuda: "13.0.1"', 'cuda: "12.6"')
+        .replace("13.0.1-cudnn", "12.6.3-cudnn")
         .replace("cu130", "cu126"),
         "stacks/s.yaml:3:10: error: sm_120 needs CUDA >= 12.8 (stack has 12.6); raise cuda or drop the arch "
         "[arch-cuda]",
-        id="sm120-needs-cuda128"),
+        id="sm120-needs-cuda128",
+    ),
     pytest.param(
         BASE.replace("cu130", "cu128"),
         "stacks/s.yaml:5:28: error: torch 2.14.1 has no cu128 wheel (it ships cu126, cu130, cu132); build "
         "torch from source or pick another torch [torch-wheel]",
-        id="torch-wheel-missing"),
+        id="torch-wheel-missing",
+    ),
     pytest.param(
         BASE.replace("{version: 0.7.2}", "{version: 0.6.9}"),
         "stacks/s.yaml:7:16: error: flashinfer 0.6.9 disagrees with sglang 0.5.23, which pins 0.7.2; pin "
         "0.7.2 or change sglang [sglang-pins]",
-        id="pin-mismatch"),
+        id="pin-mismatch",
+    ),
     pytest.param(
         BASE.replace("    --tp-size: 8\n", "    --tp-size: 8\n    --flashinfer-allreduce-fusion-backend: auto\n"),
         "stacks/s.yaml:13:5: error: --flashinfer-allreduce-fusion-backend on sm_120 with sglang 0.5.23 raises "
         "'requires SM90 or SM10X'; add a patch to srt/layers/flashinfer_comm_fusion.py (see stacks/patches/) "
         "[sm120-fusion-patch]",
-        id="fusion-needs-patch"),
+        id="fusion-needs-patch",
+    ),
     pytest.param(
         BASE.replace("    --tp-size: 8\n", "    --tp-size: 4\n"),
         "stacks/s.yaml:12:5: error: tensor parallel size and GPUs disagree (flag=4, tp=8); make --tp-size, "
         "runtime.tp and runtime.gpus agree [tp-gpus]",
-        id="tp-mismatch"),
+        id="tp-mismatch",
+    ),
 ]
 
 
@@ -119,8 +137,11 @@ def test_broken_spec(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: s
 
 
 def test_warnings_alone_exit_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text = BASE.replace("    --tp-size: 8\n", "    --tp-size: 8\n    --enable-torch-symm-mem: true\n"
-                        "    --speculative-algorithm: EAGLE3\n    --disable-cuda-graph: true\n")
+    text = BASE.replace(
+        "    --tp-size: 8\n",
+        "    --tp-size: 8\n    --enable-torch-symm-mem: true\n"
+        "    --speculative-algorithm: EAGLE3\n    --disable-cuda-graph: true\n",
+    )
     rc, err = validate(tmp_path, capsys, {"s.yaml": text})
     assert rc == 0
     assert err == [
@@ -137,29 +158,40 @@ def test_all_problems_in_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[s
     text = BASE + "  shm: 1g\n  port: x\nsever: {}\n"
     rc, err = validate(tmp_path, capsys, {"s.yaml": text})
     assert rc == 2
-    assert [e.split(": error: ")[0] for e in err[:-1]] == ["stacks/s.yaml:18:3", "stacks/s.yaml:19:9",
-                                                           "stacks/s.yaml:20:1"]
+    assert [e.split(": error: ")[0] for e in err[:-1]] == [
+        "stacks/s.yaml:18:3",
+        "stacks/s.yaml:19:9",
+        "stacks/s.yaml:20:1",
+    ]
 
 
 def test_extends_missing_parent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, err = validate(tmp_path, capsys, {"s.yaml": "extends: nowhere\n" + BASE})
     assert rc == 2
-    assert err[0] == ("stacks/s.yaml:1:10: error: extends: no stack 'nowhere' found; name a stack under "
-                      "stacks/ or a path relative to this file [extends]")
+    assert err[0] == (
+        "stacks/s.yaml:1:10: error: extends: no stack 'nowhere' found; name a stack under "
+        "stacks/ or a path relative to this file [extends]"
+    )
 
 
 def test_extends_cycle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, err = validate(tmp_path, capsys, {"s.yaml": "extends: t\n" + BASE, "t.yaml": "extends: s\n"})
     assert rc == 2
-    assert err[0] == "stacks/t.yaml:1:10: error: extends: cycle s.yaml -> t.yaml -> s.yaml; remove one of the links [extends-cycle]"
+    assert (
+        err[0]
+        == "stacks/t.yaml:1:10: error: extends: cycle s.yaml -> t.yaml -> s.yaml; "
+        "remove one of the links [extends-cycle]"
+    )
 
 
 def test_error_in_parent_points_into_parent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parent = BASE.replace("  tp: 8\n", "  tp: eight\n")
     rc, err = validate(tmp_path, capsys, {"_p.yaml": parent, "s.yaml": "extends: _p\ndescription: child\n"})
     assert rc == 2
-    assert err[0] == ("stacks/_p.yaml:17:7: error: runtime.tp: Input should be a valid integer, unable to parse "
-                      "string as an integer (got 'eight') [type]")
+    assert err[0] == (
+        "stacks/_p.yaml:17:7: error: runtime.tp: Input should be a valid integer, unable to parse "
+        "string as an integer (got 'eight') [type]"
+    )
 
 
 def test_variant_error_points_into_overlay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

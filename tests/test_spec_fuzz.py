@@ -16,13 +16,40 @@ from builder.paths import shipped_dir
 SHIPPED = {p.name: p.read_text() for p in sorted(shipped_dir("stacks").glob("*.yaml"))}
 LINE = re.compile(r"^(\S+:\d+:\d+: (error|warning): .+ \[[a-z0-9-]+\]|stackbuild: .+)$")
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=False),
-                    st.text(max_size=12), st.sampled_from(["sm_120", "13.0.1", "--tp-size", "all", "baseline"]))
-keys = st.one_of(st.sampled_from(["server", "flags", "runtime", "components", "torch", "variants", "extends",
-                                  "patches", "gate", "profiles", "env", "cuda", "arches", "port", "gpus", "tp"]),
-                 st.text(min_size=1, max_size=8))
-trees = st.recursive(scalars, lambda ch: st.one_of(st.lists(ch, max_size=4), st.dictionaries(keys, ch, max_size=5)),
-                     max_leaves=25)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
+    st.sampled_from(["sm_120", "13.0.1", "--tp-size", "all", "baseline"]),
+)
+keys = st.one_of(
+    st.sampled_from(
+        [
+            "server",
+            "flags",
+            "runtime",
+            "components",
+            "torch",
+            "variants",
+            "extends",
+            "patches",
+            "gate",
+            "profiles",
+            "env",
+            "cuda",
+            "arches",
+            "port",
+            "gpus",
+            "tp",
+        ]
+    ),
+    st.text(min_size=1, max_size=8),
+)
+trees = st.recursive(
+    scalars, lambda ch: st.one_of(st.lists(ch, max_size=4), st.dictionaries(keys, ch, max_size=5)), max_leaves=25
+)
 
 
 def _mutate(text: str, ops: list[tuple[int, int, str]]) -> str:
@@ -72,12 +99,21 @@ def test_random_yaml(tmp_path: Path, capsys: pytest.CaptureFixture[str], tree: o
 
 
 @FUZZ
-@given(name=st.sampled_from(sorted(SHIPPED)),
-       ops=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 200),
-                              st.sampled_from(["", "]", "{", ": :", "\t", "&a", "*b", "'", "- x", "@"])),
-                    min_size=1, max_size=4))
-def test_mutated_shipped_specs(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
-                               ops: list[tuple[int, int, str]]) -> None:
+@given(
+    name=st.sampled_from(sorted(SHIPPED)),
+    ops=st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.integers(0, 200),
+            st.sampled_from(["", "]", "{", ": :", "\t", "&a", "*b", "'", "- x", "@"]),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_mutated_shipped_specs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, ops: list[tuple[int, int, str]]
+) -> None:
     files = dict(SHIPPED)
     files[name] = _mutate(SHIPPED[name], ops)
     _run(tmp_path, files, capsys)

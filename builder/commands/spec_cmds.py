@@ -6,6 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -25,13 +26,22 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
     from builder.paths import list_stacks
     from builder.spec import load_stack
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for ref in list_stacks(_root(ctx)):
         try:
             s = load_stack(ref.path, root=_root(ctx))
-            rows.append({"name": s.name, "path": ref.display, "description": s.description,
-                         "engine": s.server.engine, "cuda": s.cuda, "sglang": s.sglang_version,
-                         "variants": list(s.variants), "ok": True})
+            rows.append(
+                {
+                    "name": s.name,
+                    "path": ref.display,
+                    "description": s.description,
+                    "engine": s.server.engine,
+                    "cuda": s.cuda,
+                    "sglang": s.sglang_version,
+                    "variants": list(s.variants),
+                    "ok": True,
+                }
+            )
         except SpecError as err:
             rows.append({"name": ref.name, "path": ref.display, "ok": False, "error": str(err.findings[0])})
     if as_json:
@@ -123,14 +133,19 @@ def outputs_for(label: str, files: dict[str, str], out: Path | None, root: Path)
 @click.command("render")
 @click.argument("stack")
 @click.option("--variant", default=None, help="Apply this variant overlay.")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write Dockerfile, units/, stack.lock.json and patches/ here "
-                   "(default: only Dockerfile.<stack> at the project root).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write Dockerfile, units/, stack.lock.json and patches/ here "
+    "(default: only Dockerfile.<stack> at the project root).",
+)
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if the files on disk differ.")
 @click.option("--offline", is_flag=True, help="Use only the cached SGLang flag tables.")
 @click.pass_context
-def render_cmd(ctx: click.Context, stack: str, variant: str | None, out: Path | None, check: bool,
-               offline: bool) -> None:
+def render_cmd(
+    ctx: click.Context, stack: str, variant: str | None, out: Path | None, check: bool, offline: bool
+) -> None:
     """Render the Dockerfile, systemd units and stack.lock.json of STACK."""
     from builder.cli import set_exit
     from builder.render import render_stack
@@ -146,11 +161,17 @@ def render_cmd(ctx: click.Context, stack: str, variant: str | None, out: Path | 
     rendered = render_stack(spec)
     dest, files = outputs_for(spec.label, rendered.files, out, spec.root)
     if check:
-        stale = [rel for rel, text in files.items()
-                 if not (dest / rel).is_file() or (dest / rel).read_text(encoding="utf-8") != text]
+        stale = [
+            rel
+            for rel, text in files.items()
+            if not (dest / rel).is_file() or (dest / rel).read_text(encoding="utf-8") != text
+        ]
         for rel in stale:
-            click.echo(f"{dest / rel}: stale; run 'stackbuild render {stack}"
-                       f"{' --variant ' + variant if variant else ''}{' --out ' + str(out) if out else ''}'", err=True)
+            click.echo(
+                f"{dest / rel}: stale; run 'stackbuild render {stack}"
+                f"{' --variant ' + variant if variant else ''}{' --out ' + str(out) if out else ''}'",
+                err=True,
+            )
         if stale:
             set_exit(EXIT_GATE_FAILED)
         else:
