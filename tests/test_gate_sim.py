@@ -1,0 +1,114 @@
+"""The gate end to end against simulator processes over real HTTP (CLI and library)."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from test_sim_process import free_port, sim
+
+from builder.cli import main
+from builder.gate.profile import GateProfile
+from builder.gate.runner import run_gate
+
+pytestmark = pytest.mark.integration
+
+# short runs: C=8 closed loop, 48 out tokens; at --speed 20 one run is ~0.1-0.3 s
+SMALL = ["--concurrency", "8", "--input-len", "32", "--output-len", "48", "--runs", "3",
+         "--max-runs", "5", "--warmup", "1", "--no-progress"]
+
+
+def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with sim("--speed", "20") as inc, sim("--speed", "20", "--profile", "eagle3-topk1-v2") as cand:
+        rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, "--name", "topk1",
+                   "--concurrency", "30", *SMALL[2:], "--json", str(tmp_path / "r.json"),
+                   "--junit", str(tmp_path / "r.xml")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    result = json.loads((tmp_path / "r.json").read_text())
+    lv = result["levels"][0]
+    assert result["verdict"] == "pass" and lv["verdict"] == "pass"
+    assert lv["ratio"] > 1.03 and lv["ci_low"] >= 0.95
+    assert len(lv["runs"]) == 3  # decided without extra runs
+    assert "| 30 | 3 |" in out and "PASS" in out
+    suite = ET.parse(tmp_path / "r.xml").getroot()
+    assert suite.get("failures") == "0" and suite.get("tests") == "3"
+
+
+def test_slower_candidate_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    with sim("--speed", "20") as inc, sim("--speed", "20", "--fault", "slow:1.3") as cand:
+        rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, *SMALL])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "C=8: slower than the incumbent" in err
+
+
+def test_equal_within_noise_passes_with_tolerance_else_inconclusive(tmp_path: Path) -> None:
+    prof = GateProfile(concurrency=(8,), input_len=32, output_len=48, runs=3, max_runs=4,
+                       warmup=1, tolerance=0.05)
+    with sim("--speed", "20", "--seed", "1") as inc, sim("--speed", "20", "--seed", "2") as cand:
+        loose = run_gate(cand.url, prof, name="same", baseline_url=inc.url)
+        strict = run_gate(cand.url, prof.with_overrides(tolerance=0.0), name="same",
+                          baseline_url=inc.url)
+    assert loose.verdict == "pass"
+    assert 0.95 < (loose.levels[0].ratio or 0) < 1.05
+    assert strict.verdict == "inconclusive"
+    assert len(strict.levels[0].runs) == 4  # it asked for more runs before giving up
+    assert "cannot tell after 4 runs" in strict.reasons[0]
+
+
+def test_garbage_output_fails_the_probe(capsys: pytest.CaptureFixture[str]) -> None:
+    with sim("--speed", "20") as inc, sim("--speed", "20", "--fault", "garbage") as cand:
+        rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, *SMALL])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "Probe: FAILED" in captured.out
+    assert "one token repeated" in captured.out
+    assert "differs from the incumbent" in captured.out
+
+
+def test_mid_run_crash_is_failed_requests_not_a_fast_run(tmp_path: Path) -> None:
+    prof = GateProfile(concurrency=(8,), input_len=32, output_len=48, runs=3, max_runs=3,
+                       warmup=1, timeout_s=10)
+    with sim("--speed", "20") as ref:
+        baseline = run_gate(ref.url, prof, name="incumbent")
+    # warmup (1) + probe is after the runs; die when the 13th generation arrives
+    with sim("--speed", "20", "--fault", "die-after:12") as cand:
+        result = run_gate(cand.url, prof, name="crashy", baseline=baseline)
+    assert baseline.verdict == "reference"
+    lv = result.levels[0]
+    assert result.verdict == "fail"
+    assert lv.failed_requests >= 8
+    assert any("failed requests" in r for r in result.reasons)
+    assert result.probe is not None and not result.probe.passed
+
+
+def test_stored_baseline_round_trip_and_workload_mismatch(tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    with sim("--speed", "20") as s:
+        assert main(["gate", "--url", s.url, *SMALL, "--json", str(base)]) == 0
+        assert main(["gate", "--url", s.url, *SMALL, "--baseline", str(base),
+                     "--tolerance", "10"]) == 0
+        # a different output length is a different workload: refused, exit 2
+        other = [*SMALL]
+        other[other.index("--output-len") + 1] = "64"
+        assert main(["gate", "--url", s.url, *other, "--baseline", str(base)]) == 2
+
+
+def test_unreachable_server_exits_4(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["gate", "--url", f"http://127.0.0.1:{free_port()}", *SMALL])
+    assert rc == 4
+    assert "unreachable" in capsys.readouterr().err
+
+
+def test_stall_stream_times_out_as_failed(tmp_path: Path) -> None:
+    prof = GateProfile(concurrency=(2,), input_len=16, output_len=32, runs=1, max_runs=1,
+                       warmup=0, timeout_s=1.5, probe_prompts=("hi",))
+    with sim("--speed", "20", "--fault", "stall-stream") as s:
+        result = run_gate(s.url, prof, name="stall")
+    lv = result.levels[0]
+    assert lv.failed_requests == 2 and lv.median_output_tok_s == 0.0
+    assert result.verdict == "fail"
+    assert any("timeout" in e for e in lv.runs[0].errors)
