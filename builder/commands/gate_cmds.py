@@ -120,6 +120,7 @@ def _record(ledger: Path, result: Any) -> None:
 @click.option("--input-len", type=click.IntRange(min=1))
 @click.option("--output-len", type=click.IntRange(min=2))
 @click.option("--requests-per-slot", type=click.IntRange(min=1))
+@click.option("--min-requests", type=click.IntRange(min=0), help="requests per run at least")
 @click.option("--tolerance", type=click.FloatRange(0, 99), help="percent, e.g. 5")
 @click.option("--api", type=click.Choice(["completions", "generate"]))
 @click.option("--model", help="model name sent in requests")

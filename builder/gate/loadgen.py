@@ -1,6 +1,6 @@
 """The load generator: closed-loop streaming clients over aiohttp, one run at a time.
 
-A run at concurrency C sends C * requests_per_slot requests through C workers
+A run at concurrency C sends max(C * requests_per_slot, min_requests) requests through C workers
 (each sends its next request when its last one finished) and measures from the
 first send to the last byte. Token counts come from the server's usage /
 meta_info and are cross-checked against what was streamed.
@@ -189,6 +189,10 @@ def summarize(
     )
 
 
+def requests_per_run(wl: Workload, concurrency: int) -> int:
+    return max(concurrency * wl.requests_per_slot, wl.min_requests)
+
+
 def new_session(concurrency: int) -> aiohttp.ClientSession:
     conn = aiohttp.TCPConnector(limit=max(concurrency, 1) + 4, ttl_dns_cache=300)
     return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None))
@@ -229,7 +233,7 @@ async def run_once(
     *,
     on_done: Callable[[RequestRecord], None] | None = None,
 ) -> RunMetrics:
-    n = concurrency * wl.requests_per_slot
+    n = requests_per_run(wl, concurrency)
     prompts = [prompt_ids(wl, concurrency, index, i) for i in range(n)]
     records, duration = await run_requests(url, wl, concurrency, prompts, on_done=on_done)
     return summarize(records, concurrency, index, duration)

@@ -37,6 +37,7 @@ class GateProfile(BaseModel):
     runs: int = Field(default=3, ge=1)
     max_runs: int = Field(default=6, ge=1)
     requests_per_slot: int = Field(default=1, ge=1)
+    min_requests: int = Field(default=0, ge=0)
     timeout_s: float = Field(default=120.0, gt=0)
     # relative slack: pass when the CI lower bound of candidate/incumbent >= 1 - tolerance
     tolerance: float = Field(default=0.05, ge=0, lt=1)
@@ -70,6 +71,7 @@ class GateProfile(BaseModel):
             runs=self.runs,
             max_runs=max(self.max_runs, self.runs),
             requests_per_slot=self.requests_per_slot,
+            min_requests=self.min_requests,
             timeout_s=self.timeout_s,
         )
 

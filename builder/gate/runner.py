@@ -144,7 +144,7 @@ async def _measure(url: str, wl: Workload, c: int, index: int, side: str,
         nonlocal done
         done += 1
         progress("request", {"side": side, "concurrency": c, "index": index, "done": done,
-                             "total": c * wl.requests_per_slot, "ok": rec.ok})
+                             "total": loadgen.requests_per_run(wl, c), "ok": rec.ok})
 
     run = await loadgen.run_once(url, wl, c, index, on_done=tick)
     progress("run", {"side": side, "concurrency": c, "index": index, "metrics": run})
