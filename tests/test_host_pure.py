@@ -112,6 +112,8 @@ CRASH_LOGS = {
     "unhandled system error",
     "illegal-memory-access": "RuntimeError: CUDA error: an illegal memory access was encountered",
     "bad-server-flag": "launch_server.py: error: unrecognized arguments: --cuda-graph-max-bs 128",
+    "no-kernel-image": "RuntimeError: CUDA error: no kernel image is available for execution on "
+    "the device",
     "missing-model-path": "OSError: /models/glm5 is not a local folder and is not a valid model "
     "identifier listed on 'https://huggingface.co/models'",
 }
@@ -123,6 +125,12 @@ def test_classify_each_kind(kind: str, line: str) -> None:
     sig = classify(log)
     assert sig is not None
     assert (sig.kind, sig.line) == (kind, line)
+
+
+def test_classify_click_usage_error() -> None:
+    sig = classify("Usage: stackbuild sim [OPTIONS]\nError: No such option: --bogus\n")
+    assert sig is not None and (sig.kind, sig.line) == (
+        "bad-server-flag", "Error: No such option: --bogus")
 
 
 def test_kinds_cover_the_issue_list() -> None:
@@ -214,7 +222,7 @@ def test_paths() -> None:
     p = HostPaths("/var/lib/stackbuild/", "sglang")
     assert p.state_file == "/var/lib/stackbuild/sglang/state.json"
     assert p.lock_dir == "/var/lib/stackbuild/sglang/lock"
-    assert p.result_file("sha256:ab") == "/var/lib/stackbuild/sglang/results/sha256-ab.json"
+    assert p.result_file("0123abcd") == "/var/lib/stackbuild/sglang/results/0123abcd.json"
     assert (p.main_unit, p.candidate_unit) == ("sglang.service", "sglang-candidate.service")
     assert p.unit_path(p.main_unit) == "/etc/systemd/system/sglang.service"
 
@@ -239,6 +247,9 @@ def test_lock_owner_roundtrip_and_staleness() -> None:
     assert not is_stale(o, now=1001, ttl_s=60, local_host="other", alive=dead)
     assert is_stale(o, now=1061, ttl_s=60, local_host="other", alive=alive)
     assert not is_stale(None, now=10**9, ttl_s=60, local_host="box", alive=dead)
+    # this process's own lock from a connection that died is taken back
+    assert is_stale(o, now=1001, ttl_s=60, local_host="box", alive=alive, own_pid=4242)
+    assert not is_stale(o, now=1001, ttl_s=60, local_host="box", alive=alive, own_pid=1)
 
 
 # --- report -------------------------------------------------------------------------

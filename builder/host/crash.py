@@ -31,6 +31,8 @@ _KINDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
             r"error: ambiguous option:",
             r"error: argument --?[\w-]+(/--?[\w-]+)*: (invalid|expected|ignored|not allowed)",
             r"error: the following arguments are required:",
+            # click-based servers (our simulator's CLI)
+            r"Error: (No such option|Invalid value for|Got unexpected extra argument)",
         ),
         "the server rejected its command line: fix server.flags in the stack spec",
     ),
@@ -44,6 +46,11 @@ _KINDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
             r"(?i)model path .* (does not exist|not found)",
         ),
         "server.model_path does not exist on the host: mount it (runtime.volumes) or fix the path",
+    ),
+    (
+        "no-kernel-image",
+        (r"no kernel image is available for execution on the device",),
+        "the image has no kernels for this GPU's arch: add it to arches (e.g. sm_120) and rebuild",
     ),
     (
         "illegal-memory-access",

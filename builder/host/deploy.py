@@ -107,9 +107,7 @@ def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
     return rep
 
 
-def _locked(
-    remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths, rep: DeployReport
-) -> None:
+def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths, rep: DeployReport) -> None:
     stack = req.stack
     sbs = req.strategy == "side-by-side"
     with rep.step("state"):
@@ -176,7 +174,7 @@ def _locked(
     ready = _readiness(remote, svc, unit, port, stack, rep)
     if not ready.ok:
         logs = units.logs_since(remote, unit, name, since)
-        sig = classify(logs)
+        sig = classify(f"{logs}\n{ready.detail}")
         rep.logs = logs[-8000:]
         if sig:
             rep.crash_signature, rep.crash_line = sig.kind, sig.line
@@ -194,24 +192,16 @@ def _locked(
         result = svc.gate(url, req.profile, stack.label, baseline)
         rep.verdict = _verdict(result, first=baseline is None)
         rep.gate_json = result.model_dump_json()
-        st.detail = f"{rep.verdict}" + (
-            f": {'; '.join(result.reasons)[:300]}" if result.reasons else ""
-        )
+        st.detail = f"{rep.verdict}" + (f": {'; '.join(result.reasons)[:300]}" if result.reasons else "")
     if rep.verdict != "pass":
         reasons = "; ".join([*result.reasons, *result.bars])[:500] or "no reason given"
-        _roll_back(
-            remote, paths, state, conv, rep, f"gate {rep.verdict}: {reasons}", verdict=rep.verdict
-        )
+        _roll_back(remote, paths, state, conv, rep, f"gate {rep.verdict}: {reasons}", verdict=rep.verdict)
         return
 
     if sbs:
         with rep.step("switch") as st:
-            main_text = svc.render_unit(
-                stack, image=req.image, port=stack.runtime.port, name=paths.service
-            )
-            main_staged = units.stage_and_verify(
-                remote, paths.staging_dir, paths.main_unit, main_text
-            )
+            main_text = svc.render_unit(stack, image=req.image, port=stack.runtime.port, name=paths.service)
+            main_staged = units.stage_and_verify(remote, paths.staging_dir, paths.main_unit, main_text)
             units.remove(remote, paths.candidate_unit, paths.unit_path(paths.candidate_unit))
             conv.outage_begin()
             units.stop(remote, paths.main_unit)
@@ -234,11 +224,6 @@ def _locked(
         conv.outage_end()
 
     with rep.step("promote") as st:
-        remote.run(
-            ["mkdir", "-p", paths.result_file(req.digest).rsplit("/", 1)[0]],
-            what="create results dir",
-        )
-        remote.put_text(result.model_dump_json(), paths.result_file(req.digest))
         release = Release(
             image=req.image,
             digest=req.digest,
@@ -258,6 +243,8 @@ def _locked(
             last_image=req.image,
             last_at=now_iso(),
         )
+        remote.run(["mkdir", "-p", f"{paths.base}/results"], what="create results dir")
+        remote.put_text(result.model_dump_json(), paths.result_file(release.key))
         write_state(remote, paths, new_state)
         st.detail = "host state committed"
         if svc.promote_channel and stack.host.channel:
@@ -274,9 +261,7 @@ def _verdict(result: GateResult, *, first: bool) -> str:
     return result.verdict
 
 
-def _readiness(
-    remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport
-) -> Readiness:
+def _readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport) -> Readiness:
     with rep.step("ready") as st, svc.endpoint(port) as url:
         ready = wait_ready(
             remote,
@@ -309,7 +294,7 @@ def _baseline(
     fp = req.profile.workload().fingerprint()
     with rep.step("baseline") as st:
         res = remote.run(
-            ["cat", paths.result_file(state.current.digest)],
+            ["cat", paths.result_file(state.current.key)],
             check=False,
             what="read the incumbent's result",
             changes=False,
@@ -327,8 +312,8 @@ def _baseline(
             return None
         with svc.endpoint(state.current.port) as url:
             measured = svc.gate(url, req.profile, f"incumbent {state.current.stack}", None)
-        remote.run(["mkdir", "-p", paths.result_file("x").rsplit("/", 1)[0]], what="results dir")
-        remote.put_text(measured.model_dump_json(), paths.result_file(state.current.digest))
+        remote.run(["mkdir", "-p", f"{paths.base}/results"], what="create results dir")
+        remote.put_text(measured.model_dump_json(), paths.result_file(state.current.key))
         st.detail = f"measured the incumbent now (fingerprint {fp})"
         return measured
 
@@ -374,7 +359,7 @@ def _dry_plan(
     rep: DeployReport,
 ) -> None:
     svc.echo(f"would mark the deploy pending in {paths.state_file}")
-    if req.strategy == "swap":
+    if req.strategy == "swap" and units.is_active(remote, paths.main_unit):
         svc.echo(f"would stop the incumbent {paths.main_unit}")
     units.install(remote, staged, paths.unit_path(unit))
     units.start(remote, unit)
@@ -382,3 +367,15 @@ def _dry_plan(
     svc.echo(f"would gate it with profile {req.profile.description or 'default'}")
     svc.echo(f"would promote (write {paths.state_file}) or roll back to the incumbent")
     rep.finish("planned")
+
+
+def recover(remote: Remote, req: DeployRequest, svc: Services, rep: DeployReport) -> None:
+    """After a lost connection: put the host back to its committed state and free the lock."""
+    paths = HostPaths(req.stack.host.state_dir, req.stack.host.service)
+    with HostLock(remote, paths, me(f"recover {req.stack.label}"), req.lock_ttl_s):
+        state = read_state(remote, paths)
+        if state.pending is None:
+            rep.note("recover", True, "nothing pending")
+            return
+        converge.to_current(remote, paths, state, _conv(req, svc, rep))
+        rep.needs_recovery = False

@@ -100,6 +100,10 @@ class DeployReport:
             lines.append(f"  cause: {self.cause}")
         if self.crash_signature:
             lines.append(f"  crash signature: {self.crash_signature}: {self.crash_line}")
+        if self.logs and self.exit_code:
+            tail = [ln for ln in self.logs.splitlines() if ln.strip()][-10:]
+            lines.append("  candidate log tail (journal, container):")
+            lines += [f"    {ln[:200]}" for ln in tail]
         if self.downtime_s is not None:
             lines.append(
                 f"  downtime: {self.downtime_s:.2f}s in {len(self.outages)} outage(s) "

@@ -296,11 +296,11 @@ def known_hosts_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def trust_hint(host: str, port: int) -> str:
+def trust_hint(host: str, port: int, known_hosts: str = "~/.ssh/known_hosts") -> str:
     port_opt = f"-p {port} " if port != 22 else ""
     return (
         f"check the key with the host's owner, then add it: "
-        f"ssh-keyscan {port_opt}{host} >> ~/.ssh/known_hosts (or re-run with --accept-new-host-key)"
+        f"ssh-keyscan {port_opt}{host} >> {known_hosts} (or re-run with --accept-new-host-key)"
     )
 
 
@@ -367,7 +367,7 @@ def connect(address: HostAddress, opts: SshOptions | None = None) -> FabricRemot
     except _UnknownHostKey as err:
         raise InfraError(
             f"SSH to {target}: host key {err.fingerprint} of {err.name} is not in {known}; "
-            + trust_hint(err.host, err.port)
+            + trust_hint(err.host, err.port, str(known))
         ) from None
     except paramiko.BadHostKeyException as err:
         raise InfraError(

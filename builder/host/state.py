@@ -45,6 +45,17 @@ class Release(_Frozen):
     verdict: str | None = None  # gate verdict it was promoted with ("first" bars-only included)
     at: str  # ISO 8601 UTC of promotion
 
+    @property
+    def key(self) -> str:
+        return release_key(self.digest, self.unit)
+
+
+def release_key(digest: str, unit: str) -> str:
+    """What a measured result belongs to: the image and the exact command line (unit)."""
+    import hashlib
+
+    return hashlib.sha256(f"{digest}\n{unit}".encode()).hexdigest()[:16]
+
 
 class Pending(_Frozen):
     op: Literal["deploy", "rollback"]
@@ -93,8 +104,8 @@ class HostPaths:
     def staging_dir(self) -> str:
         return f"{self.base}/staging"
 
-    def result_file(self, digest: str) -> str:
-        return f"{self.base}/results/{digest.replace(':', '-')}.json"
+    def result_file(self, key: str) -> str:
+        return f"{self.base}/results/{key}.json"
 
     @property
     def main_unit(self) -> str:
@@ -205,11 +216,16 @@ def is_stale(
     ttl_s: float,
     local_host: str,
     alive: Callable[[int], bool] = pid_alive,
+    own_pid: int | None = None,
 ) -> bool:
-    """A lock is stale when its owner is provably gone, or it outlived any deploy."""
+    """A lock is stale when its owner is provably gone, or it outlived any deploy.
+
+    `own_pid`: a lock this very process took over a connection that has since
+    died is ours to take back (the recovery after a lost connection).
+    """
     if owner is None:
         return False  # being written right now, or unreadable: never guess
-    if owner.host == local_host and not alive(owner.pid):
+    if owner.host == local_host and (owner.pid == own_pid or not alive(owner.pid)):
         return True
     return now - owner.started > ttl_s
 
@@ -239,7 +255,8 @@ class HostLock:
                 )
             holder = LockOwner.from_json(res.stdout)
             now = time.time()
-            if not is_stale(holder, now=now, ttl_s=self.ttl_s, local_host=socket.gethostname()):
+            if not is_stale(holder, now=now, ttl_s=self.ttl_s, local_host=socket.gethostname(),
+                            own_pid=os.getpid()):
                 who = holder.describe(now) if holder else "an owner still writing its name"
                 raise LockHeld(
                     f"{self.remote.address}: another deploy holds the host lock ({who}); "

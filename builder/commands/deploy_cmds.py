@@ -1,0 +1,235 @@
+"""`stackbuild deploy|status|rollback --host`: thin wrappers over builder.host.
+
+Heavy imports (fabric, docker, aiohttp) happen inside the functions.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from builder.errors import InputError
+
+_SSH_OPTIONS = [
+    click.option(
+        "--host",
+        "host_text",
+        default=None,
+        help="[USER@]HOST[:PORT] or an ~/.ssh/config alias (default: the spec's host).",
+    ),
+    click.option(
+        "--accept-new-host-key", is_flag=True, help="Trust an unknown host key on first use (appended to known_hosts)."
+    ),
+    click.option(
+        "--known-hosts",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="known_hosts file (default ~/.ssh/known_hosts).",
+    ),
+    click.option(
+        "--identity",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="Private key (default: ~/.ssh/config IdentityFile, agent, ~/.ssh/id_*).",
+    ),
+    click.option(
+        "--connect-timeout",
+        type=click.FloatRange(min=1),
+        default=10.0,
+        show_default=True,
+        help="Seconds to open the SSH connection.",
+    ),
+]
+
+
+def ssh_options(f: Any) -> Any:
+    for opt in reversed(_SSH_OPTIONS):
+        f = opt(f)
+    return f
+
+
+def _ssh_opts(accept_new: bool, known_hosts: Path | None, identity: str | None, connect_timeout: float) -> Any:
+    from builder.host.ssh import SshOptions
+
+    return SshOptions(
+        connect_timeout_s=connect_timeout,
+        accept_new_host_key=accept_new,
+        known_hosts=known_hosts,
+        key_filename=identity,
+    )
+
+
+def _root(ctx: click.Context) -> Path:
+    from builder.paths import stack_root
+
+    return stack_root((ctx.obj or {}).get("root"))
+
+
+@click.command("deploy")
+@click.argument("stack_name", metavar="STACK")
+@ssh_options
+@click.option("--variant", default=None, help="Variant of the stack to deploy.")
+@click.option(
+    "--strategy",
+    type=click.Choice(["swap", "side-by-side"]),
+    default=None,
+    help="swap: stop the incumbent, start the candidate; side-by-side: staging port.",
+)
+@click.option("--image", default=None, help="Deploy this pinned image (REPO@sha256:...) instead of building the stack.")
+@click.option("--registry", default=None, help="HOST:PORT/REPO to push to and pull from.")
+@click.option("--profile", "profile_name", default=None, help="Gate profile (default: the spec's).")
+@click.option(
+    "--tunnel/--no-tunnel",
+    default=None,
+    help="Reach the server through an SSH tunnel (default: unless the host is loopback).",
+)
+@click.option(
+    "--ledger",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Ledger file (default: .stackbuild/ledger.db under the project root).",
+)
+@click.option(
+    "--json",
+    "json_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the deploy report as JSON here.",
+)
+@click.option("--dry-run", is_flag=True, help="Print every remote command; change nothing.")
+@click.pass_context
+def deploy_cmd(
+    ctx: click.Context,
+    stack_name: str,
+    host_text: str | None,
+    accept_new_host_key: bool,
+    known_hosts: Path | None,
+    identity: str | None,
+    connect_timeout: float,
+    variant: str | None,
+    strategy: str | None,
+    image: str | None,
+    registry: str | None,
+    profile_name: str | None,
+    tunnel: bool | None,
+    ledger: Path | None,
+    json_out: Path | None,
+    dry_run: bool,
+) -> None:
+    """Deploy STACK to a host over SSH, gate it against the incumbent, promote or roll back."""
+    from builder.host.runner import DeployArgs, run_deploy
+    from builder.spec import load_stack
+
+    stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"), variant=variant)
+    args = DeployArgs(
+        stack=stack,
+        host_text=host_text or stack.host.address or "",
+        ssh=_ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout),
+        strategy=strategy or stack.host.strategy,
+        image=image,
+        registry=registry or stack.host.registry,
+        profile_name=profile_name,
+        tunnel=tunnel,
+        ledger=ledger,
+        root=_root(ctx),
+        json_out=json_out,
+        dry_run=dry_run,
+        secrets={n: os.environ[n] for n in stack.runtime.secrets if n in os.environ},
+    )
+    if not args.host_text:
+        raise InputError(f"{stack.source}: no host: pass --host [USER@]HOST[:PORT] or set host.address in the spec")
+    _exit(run_deploy(args, echo=click.echo))
+
+
+@click.command("status")
+@ssh_options
+@click.option("--service", default="sglang", show_default=True, help="Service name on the host.")
+@click.option("--state-dir", default="/var/lib/stackbuild", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the host state as JSON.")
+def status_cmd(
+    host_text: str | None,
+    accept_new_host_key: bool,
+    known_hosts: Path | None,
+    identity: str | None,
+    connect_timeout: float,
+    service: str,
+    state_dir: str,
+    as_json: bool,
+) -> None:
+    """What a host runs, which digest, the last verdict."""
+    from builder.host.converge import status
+    from builder.host.ssh import connect, parse_host
+    from builder.host.state import HostPaths
+
+    address = parse_host(_need_host(host_text))
+    remote = connect(address, _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout))
+    try:
+        st = status(remote, HostPaths(state_dir, service))
+    finally:
+        remote.close()
+    click.echo(st.state.model_dump_json(indent=2) if as_json else st.render(str(address)))
+
+
+@click.command("rollback")
+@ssh_options
+@click.option("--service", default="sglang", show_default=True, help="Service name on the host.")
+@click.option("--state-dir", default="/var/lib/stackbuild", show_default=True)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=600.0,
+    show_default=True,
+    help="Seconds the previous release may take to serve again.",
+)
+@click.option("--tunnel/--no-tunnel", default=None)
+@click.option("--dry-run", is_flag=True, help="Print every remote command; change nothing.")
+def rollback_cmd(
+    host_text: str | None,
+    accept_new_host_key: bool,
+    known_hosts: Path | None,
+    identity: str | None,
+    connect_timeout: float,
+    service: str,
+    state_dir: str,
+    timeout_s: float,
+    tunnel: bool | None,
+    dry_run: bool,
+) -> None:
+    """Put the previous image back on a host, verified serving."""
+    from builder.host.converge import Converger, rollback
+    from builder.host.report import DeployReport
+    from builder.host.runner import Endpoint
+    from builder.host.ssh import DryRunRemote, connect, parse_host
+    from builder.host.state import HostPaths
+
+    address = parse_host(_need_host(host_text))
+    real = connect(address, _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout))
+    remote: Any = DryRunRemote(str(address), reader=real, echo=click.echo) if dry_run else real
+    rep = DeployReport(host=str(address), service=service, stack="-", image="-", strategy="rollback")
+    try:
+        conv = Converger(
+            endpoint=Endpoint(remote, address, tunnel),
+            report=rep,
+            start_timeout_s=timeout_s,
+            ready_timeout_s=timeout_s,
+        )
+        rollback(remote, HostPaths(state_dir, service), conv, lock_ttl_s=4 * 3600)
+    finally:
+        remote.close()
+    click.echo(rep.render())
+
+
+def _need_host(host_text: str | None) -> str:
+    if not host_text:
+        raise InputError("--host [USER@]HOST[:PORT] is required")
+    return host_text
+
+
+def _exit(code: int) -> None:
+    from builder.cli import set_exit
+
+    set_exit(code)
