@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from test_sim_process import sim  # noqa: E402
+from test_sim_process import sim
 
-from builder.gate import loadgen  # noqa: E402
-from builder.gate.result import Workload  # noqa: E402
+from builder.gate import loadgen
+from builder.gate.result import Workload
 
 # (concurrency, output tokens per request): each run lasts a few seconds at --speed 2
 LEVELS = ((1, 512), (8, 256), (64, 128), (256, 64))

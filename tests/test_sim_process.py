@@ -37,7 +37,8 @@ class SimProc:
     def __init__(self, *args: str, warmup_s: float = 0.2) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="sim-", suffix=".log", delete=False)
+        # closed in stop(): the log outlives this method
+        self.log = tempfile.NamedTemporaryFile(prefix="sim-", suffix=".log", delete=False)  # noqa: SIM115
         argv = [sys.executable, "-m", "builder", "sim", "--port", str(self.port),
                 "--warmup-s", str(warmup_s), *args]
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
@@ -191,9 +192,8 @@ def test_crash_on_start_never_listens() -> None:
 
 
 def test_never_ready_reports_the_health_layer() -> None:
-    with sim("--fault", "never-ready", up=False) as s:
-        with pytest.raises(InfraError, match="layer 'health'"):
-            wait_ready(s.url, 1.0)
+    with sim("--fault", "never-ready", up=False) as s, pytest.raises(InfraError, match="layer 'health'"):
+        wait_ready(s.url, 1.0)
 
 
 def test_unreachable_reports_the_port_layer() -> None:

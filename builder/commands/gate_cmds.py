@@ -132,7 +132,7 @@ def _record(ledger: Path, result: Any) -> None:
 @click.option("--progress/--no-progress", "show_progress", default=None,
               help="live display (default: on when stderr is a terminal)")
 @click.pass_context
-def gate_cmd(ctx: click.Context, url: str, baseline_file: Path | None, baseline_url: str | None,
+def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseline_url: str | None,
              stack: str | None, profile_name: str | None, name: str, ledger: Path | None,
              json_out: Path | None, junit_out: Path | None, concurrency: str | None,
              tolerance: float | None, show_progress: bool | None, **overrides: Any) -> None:

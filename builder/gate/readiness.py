@@ -7,6 +7,7 @@ InfraError naming the layer that was still failing (and what it last saw).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.parse
 from dataclasses import dataclass, field
@@ -43,10 +44,8 @@ async def port_open(url: str, timeout: float = 1.0) -> bool:
     except (OSError, TimeoutError):
         return False
     writer.close()
-    try:
+    with contextlib.suppress(OSError):
         await writer.wait_closed()
-    except OSError:
-        pass
     return True
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -68,7 +69,7 @@ class Stats:
             self.first_token_at = now
         self.last_token_at = now
 
-    def as_dict(self) -> dict[str, float | int | None]:
+    def as_dict(self) -> dict[str, float | int | str | None]:
         window = None
         if self.first_request_at is not None and self.last_token_at is not None:
             window = self.last_token_at - self.first_request_at
@@ -105,10 +106,8 @@ class Engine:
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
     def submit(self, req: SimRequest) -> None:
         if req.counted:

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -37,7 +37,7 @@ class SimOptions:
     port: int = 30000
     profile: str = "baseline"
     speed: float = 1.0
-    fault: Fault = Fault()
+    fault: Fault = field(default_factory=Fault)
     warmup_s: float = 1.0
     load_s: float = 0.0
     seed: int = 0

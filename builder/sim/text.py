@@ -14,9 +14,13 @@ _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "n", "r", "s", "l", "nd", "th")
 
 # id -> piece; 0 is what a model with NaN logits keeps picking
-VOCAB: tuple[str, ...] = ("!",) + tuple(
-    " " + o + v + c for o in _ONSETS for v in _VOWELS for c in _CODAS
-) + tuple(f" {w}" for w in ("the", "of", "and", "to", "in", "is", "a", "that")) + (".", ",")
+VOCAB: tuple[str, ...] = (
+    "!",
+    *(" " + o + v + c for o in _ONSETS for v in _VOWELS for c in _CODAS),
+    *(f" {w}" for w in ("the", "of", "and", "to", "in", "is", "a", "that")),
+    ".",
+    ",",
+)
 VOCAB_SIZE = len(VOCAB)
 
 

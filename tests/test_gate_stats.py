@@ -1,0 +1,168 @@
+"""The gate's pure core: statistics, decisions, bars, probe checks, summaries, writers."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from builder.errors import InputError
+from builder.gate.loadgen import RequestRecord, prompt_ids, request_body, summarize
+from builder.gate.probe import check_outputs, problems
+from builder.gate.profile import BUILTIN_PROFILES, GateProfile
+from builder.gate.report import junit_xml, markdown_summary, read_json, write_json
+from builder.gate.result import GateResult, Percentiles, RunMetrics, Workload
+from builder.gate.runner import _check_baseline, bar_violations, judge_level, level_summary, overall
+from builder.gate.stats import bootstrap_ratio_ci, compare, percentile, percentiles
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    xs = [1.0, 2.0, 3.0, 4.0]
+    assert [percentile(xs, q) for q in (0, 50, 90, 100)] == [1.0, 2.5, 3.7, 4.0]
+    assert percentile([], 50) == 0.0
+    assert percentiles([2.0]) == Percentiles(mean=2.0, p50=2.0, p90=2.0, p99=2.0)
+
+
+def test_bootstrap_identical_samples_give_a_point_interval() -> None:
+    assert bootstrap_ratio_ci([10.0] * 3, [10.0] * 3) == (1.0, 1.0, 1.0)
+    r, lo, hi = bootstrap_ratio_ci([9.0, 10.0, 11.0], [10.0, 10.0, 10.0], seed=1)
+    assert r == 1.0 and lo == pytest.approx(0.9) and hi == pytest.approx(1.1)
+    with pytest.raises(ValueError):
+        bootstrap_ratio_ci([1.0], [0.0])
+
+
+@pytest.mark.parametrize(("cand", "tol", "want"), [
+    ([110.0, 111.0, 109.0], 0.05, "pass"),   # clearly faster
+    ([80.0, 81.0, 79.0], 0.05, "fail"),      # clearly slower
+    ([97.0, 98.0, 96.0], 0.05, "pass"),      # slower but within tolerance
+    ([90.0, 105.0, 97.0], 0.0, "undecided"),  # straddles the bar
+])
+def test_compare_decisions(cand: list[float], tol: float, want: str) -> None:
+    assert compare(cand, [100.0, 100.5, 99.5], tolerance=tol).decision == want
+
+
+def _run(tok_s: float, failed: int = 0, ttft_p99: float = 10.0, index: int = 0) -> RunMetrics:
+    p = Percentiles(mean=1, p50=1, p90=1, p99=1)
+    return RunMetrics(concurrency=1, index=index, duration_s=1.0, completed=4, failed=failed,
+                      input_tokens=4, output_tokens=int(tok_s), output_tok_s=tok_s,
+                      total_tok_s=tok_s + 4, ttft_ms=Percentiles(p99=ttft_p99), itl_ms=p,
+                      tpot_ms=p, e2e_ms=p, errors=("HTTP 500",) if failed else ())
+
+
+def test_judge_level_and_overall() -> None:
+    prof = GateProfile(tolerance=0.05)
+    fast = level_summary(1, [_run(110), _run(111), _run(112)])
+    assert fast.median_output_tok_s == 111
+    lv = judge_level(fast, [100.0, 100.0, 100.0], prof, final=False)
+    assert (lv.verdict, lv.ratio) == ("pass", 1.11)
+    failing = judge_level(level_summary(1, [_run(120, failed=1)]), [100.0], prof, final=True)
+    assert failing.verdict == "fail" and "1 failed requests" in failing.reasons[0]
+    unsure = judge_level(level_summary(1, [_run(90), _run(105)]), [100.0, 101.0],
+                         prof.with_overrides(tolerance=0.0), final=True)
+    assert unsure.verdict == "inconclusive" and "cannot tell after 2 runs" in unsure.reasons[0]
+    ref = judge_level(fast, None, prof, final=True)
+    assert ref.verdict == "reference" and ref.ratio is None
+    assert overall([lv], [], None, compared=True) == "pass"
+    assert overall([ref], [], None, compared=False) == "reference"
+    assert overall([lv, unsure], [], None, compared=True) == "inconclusive"
+    assert overall([lv, unsure, failing], [], None, compared=True) == "fail"
+    assert overall([lv], ["bar"], None, compared=True) == "fail"
+
+
+def test_bars() -> None:
+    levels = [level_summary(1, [_run(50, ttft_p99=900)])]
+    prof = GateProfile(min_tok_s_c1=60, max_ttft_p99_ms=500)
+    assert bar_violations(levels, prof) == [
+        "C=1 median 50.0 tok/s is below the bar 60 tok/s",
+        "C=1: p99 TTFT 900 ms exceeds 500 ms",
+    ]
+    assert bar_violations(levels, GateProfile()) == []
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    (" Paris is the capital", []),
+    ("", ["empty output"]),
+    ("   ", ["empty output"]),
+    ("!!!!!!!!!!!!", ["one token repeated (12 of 12)"]),
+    (" the the the the the", ["one token repeated (5 of 5)"]),
+    (" ok \ufffd text here", ["replacement characters (U+FFFD) in the output"]),
+])
+def test_probe_problems(text: str, want: list[str]) -> None:
+    assert problems(text) == want
+
+
+def test_probe_against_reference() -> None:
+    ok = check_outputs(["a", "b"], [" x y", " z w"], [" x y", " z w"])
+    assert ok.passed and ok.reasons == ()
+    bad = check_outputs(["a", "b"], [" x y", " z q"], [" x y", " z w"])
+    assert not bad.passed and "differs from the incumbent" in bad.reasons[0]
+    assert check_outputs(["a"], [" x y"], None).passed
+
+
+def test_request_bodies_and_prompts() -> None:
+    wl = Workload(input_len=5, output_len=7, seed=3)
+    assert prompt_ids(wl, 8, 0, 1) == prompt_ids(wl, 8, 0, 1)
+    assert prompt_ids(wl, 8, 0, 1) != prompt_ids(wl, 8, 0, 2)
+    assert len(prompt_ids(wl, 8, 0, 1)) == 5
+    path, body = request_body(wl, [1, 2])
+    assert path == "/v1/completions"
+    assert body["max_tokens"] == 7 and body["ignore_eos"] and body["stream"]
+    assert body["stream_options"] == {"include_usage": True}
+    path, body = request_body(wl.model_copy(update={"api": "generate"}), [1, 2])
+    assert path == "/generate" and body["input_ids"] == [1, 2]
+    assert body["sampling_params"] == {"max_new_tokens": 7, "temperature": 0.0, "ignore_eos": True}
+
+
+def test_summarize_counts_only_completed_tokens() -> None:
+    ok = RequestRecord(ok=True, start=0.0, end=1.0, ttft=0.1, chunk_times=[0.1, 0.4, 1.0],
+                       output_tokens=10, streamed_tokens=3, prompt_tokens=4)
+    bad = RequestRecord(ok=False, error="ServerDisconnectedError", start=0.0, end=0.5,
+                        output_tokens=5)
+    m = summarize([ok, bad], 2, 0, 2.0)
+    assert (m.completed, m.failed, m.output_tokens, m.input_tokens) == (1, 1, 10, 4)
+    assert m.output_tok_s == 5.0 and m.total_tok_s == 7.0
+    assert m.ttft_ms.p50 == pytest.approx(100.0)
+    assert m.itl_ms.mean == pytest.approx(450.0)
+    assert m.tpot_ms.p50 == pytest.approx(100.0)
+    assert m.errors == ("ServerDisconnectedError",)
+
+
+def _result(verdict: str = "fail") -> GateResult:
+    wl = BUILTIN_PROFILES["quick"].workload()
+    lv = judge_level(level_summary(1, [_run(80), _run(81)]), [100.0, 100.0], GateProfile(),
+                     final=True)
+    return GateResult(name="cand", url="http://127.0.0.1:1", started_at="t0", finished_at="t1",
+                      workload=wl, fingerprint=wl.fingerprint(), levels=(lv,),
+                      verdict=verdict, reasons=lv.reasons)  # type: ignore[arg-type]
+
+
+def test_writers_round_trip_and_render(tmp_path: Path) -> None:
+    r = _result()
+    write_json(r, tmp_path / "out" / "r.json")
+    assert read_json(tmp_path / "out" / "r.json") == r
+    suite = ET.fromstring(junit_xml(r).split("\n", 1)[1])
+    assert suite.get("failures") == "1" and suite.find("testcase/failure") is not None
+    md = markdown_summary(r)
+    assert "**FAIL**" in md and "| 1 | 2 | 80.5 | 100.0 | 0.805 |" in md
+    (tmp_path / "junk.json").write_text("{}")
+    with pytest.raises(InputError, match="not a gate result"):
+        read_json(tmp_path / "junk.json")
+
+
+def test_baseline_with_another_workload_is_refused() -> None:
+    r = _result()
+    _check_baseline(r, r.workload)
+    with pytest.raises(InputError, match="re-measure the incumbent"):
+        _check_baseline(r, r.workload.model_copy(update={"output_len": 999}))
+
+
+def test_profile_overrides_validate() -> None:
+    p = BUILTIN_PROFILES["users"]
+    assert p.workload().runs == 10 and p.concurrency == (1, 30, 250)
+    q = p.with_overrides(runs=3, concurrency=(250, 1), tolerance=None)
+    assert q.runs == 3 and q.concurrency == (1, 250) and q.tolerance == p.tolerance
+    with pytest.raises(ValueError):
+        p.with_overrides(concurrency=(0,))
+    with pytest.raises(ValueError):
+        GateProfile(bogus=1)  # type: ignore[call-arg]

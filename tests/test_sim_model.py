@@ -1,0 +1,106 @@
+"""The simulator's pure core: calibration to the users' table, acceptance, faults, text, API."""
+
+from __future__ import annotations
+
+import pytest
+
+from builder.sim import api
+from builder.sim.faults import Fault, parse_fault
+from builder.sim.model import Sampler, step_ms, steady_tok_s
+from builder.sim.profiles import PROFILES, expected_accept
+from builder.sim.text import detokenize, greedy_ids, prompt_key
+
+# The users' sweep (seed-results.json "sweep", seeds/004), output tok/s at --speed 1.
+USERS = {
+    "baseline": {1: 92.7, 30: 689.4, 250: 718.1},
+    "eagle3-topk1-v2": {1: 86.8, 30: 759.3, 250: 754.4},
+}
+
+
+@pytest.mark.parametrize("name", sorted(USERS))
+@pytest.mark.parametrize("conc", [1, 30, 250])
+def test_calibrated_to_the_users_table(name: str, conc: int) -> None:
+    assert steady_tok_s(PROFILES[name], conc) == pytest.approx(USERS[name][conc], rel=1e-6)
+
+
+def test_peaks_and_plateau_match_the_users_notes() -> None:
+    base = max(steady_tok_s(PROFILES["baseline"], c) for c in range(1, 251))
+    topk1 = max(steady_tok_s(PROFILES["eagle3-topk1-v2"], c) for c in range(1, 251))
+    topk4 = PROFILES["eagle3-topk4-v1"]
+    assert base == pytest.approx(773, rel=0.01)
+    assert topk1 == pytest.approx(775, rel=0.02)
+    assert steady_tok_s(topk4, 250) == pytest.approx(353, rel=1e-6)
+    assert steady_tok_s(topk4, 64) == steady_tok_s(topk4, 250)  # capped at 48 running
+
+
+def test_step_time_grows_with_batch_and_throughput_saturates() -> None:
+    p = PROFILES["baseline"]
+    assert [round(step_ms(p, b), 2) for b in (1, 30, 250)] == [10.79, 43.52, 348.14]
+    rates = [steady_tok_s(p, c) for c in (1, 2, 8, 30, 64)]
+    assert rates == sorted(rates)
+
+
+def test_acceptance_model() -> None:
+    assert expected_accept(2, 0.7) == pytest.approx(2.19)
+    assert expected_accept(0, 0.9) == 1.0
+    s = Sampler(PROFILES["eagle3-topk1-v2"], seed=3)
+    draws = [s.accepted(100) for _ in range(20000)]
+    assert set(draws) == {1, 2, 3}
+    assert sum(draws) / len(draws) == pytest.approx(2.19, abs=0.03)
+    assert s.accepted(1) == 1  # never past the request's end
+
+
+def test_sampler_is_reproducible_and_slow_scales() -> None:
+    a = Sampler(PROFILES["baseline"], seed=5)
+    b = Sampler(PROFILES["baseline"], seed=5, slow=2.0)
+    xs, ys = [a.step_ms(8) for _ in range(50)], [b.step_ms(8) for _ in range(50)]
+    assert [y / x for x, y in zip(xs, ys, strict=True)] == pytest.approx([2.0] * 50)
+
+
+@pytest.mark.parametrize(("spec", "want"), [
+    (None, Fault()),
+    ("slow:1.5", Fault("slow", factor=1.5)),
+    ("die-after:20", Fault("die-after", after=20)),
+    ("garbage", Fault("garbage", garbage="repeat")),
+    ("garbage:fffd", Fault("garbage", garbage="fffd")),
+    ("stall-stream", Fault("stall-stream")),
+])
+def test_parse_fault(spec: str | None, want: Fault) -> None:
+    assert parse_fault(spec) == want
+
+
+@pytest.mark.parametrize(("spec", "msg"), [
+    ("explode", "unknown fault"), ("slow:x", "factor"), ("slow:0", "factor"),
+    ("die-after:", "request count"), ("never-ready:3", "no argument"), ("garbage:x", "one of"),
+])
+def test_parse_fault_errors(spec: str, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        parse_fault(spec)
+
+
+def test_greedy_text_is_a_function_of_the_prompt() -> None:
+    k = prompt_key("The capital of France is", None)
+    assert greedy_ids(k, 10) == greedy_ids(k, 10)
+    assert greedy_ids(k, 10)[:4] == greedy_ids(k, 4)
+    assert greedy_ids(k, 10) != greedy_ids(prompt_key("other", None), 10)
+    assert greedy_ids(k, 5, temperature=1.0, rid="a") != greedy_ids(k, 5, temperature=1.0, rid="b")
+    assert prompt_key(None, [1, 2]) != prompt_key("1,2", None)
+    assert detokenize([0, 0]) == "!!"
+
+
+def test_parse_requests() -> None:
+    g = api.parse("generate", {"input_ids": [1, 2, 3], "stream": True,
+                               "sampling_params": {"max_new_tokens": 7, "ignore_eos": True}},
+                  "r1", "m")
+    assert (g.prompt_tokens, g.max_new_tokens, g.ignore_eos, g.stream, g.rid) == (3, 7, True,
+                                                                                  True, "r1")
+    c = api.parse("completions", {"prompt": "a b c", "max_tokens": 4,
+                                  "stream_options": {"include_usage": True}}, "r2", "m")
+    assert (c.prompt_tokens, c.max_new_tokens, c.include_usage, c.model) == (3, 4, True, "m")
+    ch = api.parse("chat", {"messages": [{"role": "user", "content": "hi"}]}, "r3", "m")
+    assert ch.max_new_tokens == 16
+    for route, body in [("completions", {"prompt": {"a": 1}}), ("chat", {"messages": []}),
+                        ("generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}),
+                        ("completions", {"prompt": "x", "max_tokens": 0})]:
+        with pytest.raises(api.BadRequest):
+            api.parse(route, body, "r", "m")  # type: ignore[arg-type]
