@@ -6,7 +6,7 @@ import pytest
 
 from builder.sim import api
 from builder.sim.faults import Fault, parse_fault
-from builder.sim.model import Sampler, step_ms, steady_tok_s
+from builder.sim.model import Sampler, steady_tok_s, step_ms
 from builder.sim.profiles import PROFILES, expected_accept
 from builder.sim.text import detokenize, greedy_ids, prompt_key
 
