@@ -166,3 +166,26 @@ def test_profile_overrides_validate() -> None:
         p.with_overrides(concurrency=(0,))
     with pytest.raises(ValueError):
         GateProfile(bogus=1)  # type: ignore[call-arg]
+
+
+def test_live_progress_renders_the_events() -> None:
+    import io
+
+    from rich.console import Console
+
+    from builder.gate.progress import LiveProgress
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120, color_system=None)
+    lv = judge_level(level_summary(1, [_run(110)]), [100.0], GateProfile(), final=True)
+    with LiveProgress(console) as prog:
+        prog("start", {"name": "cand", "url": "http://127.0.0.1:1"})
+        prog("level", {"concurrency": 1})
+        prog("request", {"side": "candidate", "concurrency": 1, "index": 0, "done": 1,
+                         "total": 1, "ok": True})
+        prog("run", {"side": "incumbent", "concurrency": 1, "index": 0, "metrics": _run(100)})
+        prog("run", {"side": "candidate", "concurrency": 1, "index": 0, "metrics": _run(110)})
+        prog("decision", {"concurrency": 1, "level": lv})
+    out = buf.getvalue()
+    assert "gate cand @ http://127.0.0.1:1" in out
+    assert "1.100 [1.100, 1.100]" in out and "pass" in out

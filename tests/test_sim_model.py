@@ -104,3 +104,16 @@ def test_parse_requests() -> None:
                         ("completions", {"prompt": "x", "max_tokens": 0})]:
         with pytest.raises(api.BadRequest):
             api.parse(route, body, "r", "m")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("args", "msg"), [
+    (["--profile", "nope"], "--profile: unknown simulator profile 'nope'"),
+    (["--fault", "slow:abc"], "--fault: slow needs a factor"),
+])
+def test_sim_cli_rejects_bad_input(
+    args: list[str], msg: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from builder.cli import main
+
+    assert main(["sim", "--port", "1", *args]) == 2
+    assert msg in capsys.readouterr().err
