@@ -1,0 +1,287 @@
+"""Shared fixtures for integration tests: the real dockerd, registry, base image and
+systemd+sshd test hosts that scripts/infra/up.sh brings up.
+
+Outside CI a missing piece skips the test with what to run; with CI=true it is a
+failure, because CI promises the real infrastructure.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REGISTRY = "127.0.0.1:5000"
+BASE_IMAGE = os.environ.get("STACKBUILD_BASE_IMAGE", "local/debian:bookworm")
+TESTHOST_IMAGE = os.environ.get("STACKBUILD_TESTHOST_IMAGE", "local/stackbuild-testhost:bookworm")
+TESTHOST_LABEL = "dev.stackbuild.testhost"
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def _missing(what: str) -> None:
+    msg = f"{what}; run `bash scripts/infra/up.sh` (as root) first"
+    if IN_CI:
+        pytest.fail(msg, pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Iterator[Any]:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as err:
+        _missing(f"Docker daemon not reachable ({type(err).__name__}: {err})")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def registry() -> str:
+    try:
+        with urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=5) as resp:
+            if resp.status != 200:
+                _missing(f"registry http://{REGISTRY}/v2/ answered {resp.status}")
+    except OSError as err:
+        _missing(f"registry http://{REGISTRY}/v2/ not answering ({err})")
+    return REGISTRY
+
+
+def _require_image(client: Any, ref: str) -> str:
+    import docker.errors
+
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        _missing(f"image {ref} is absent")
+    return ref
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client: Any) -> str:
+    return _require_image(docker_client, BASE_IMAGE)
+
+
+# --------------------------------------------------------------------------- test hosts
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 right now (the caller retries if it loses a race)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class TestHost:
+    """One running systemd+sshd container reachable as root@127.0.0.1:port.
+
+    `address` is what `stackbuild deploy --host` takes; `ssh_config` holds an entry
+    named `alias` (ssh -F ssh_config alias); `known_hosts` has the host keys read
+    out of the container itself, so strict host-key checking works.
+    """
+
+    __test__ = False  # not a test class, despite the name
+
+    client: Any
+    name: str
+    port: int
+    key_path: Path
+    known_hosts: Path
+    ssh_config: Path
+    host: str = "127.0.0.1"
+    user: str = "root"
+    workdir: Path = field(default_factory=Path)
+
+    @property
+    def alias(self) -> str:
+        return self.name
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+    @property
+    def container(self) -> Any:
+        return self.client.containers.get(self.name)
+
+    def ssh_argv(self, command: str) -> list[str]:
+        return ["ssh", "-F", str(self.ssh_config), self.alias, command]
+
+    def ssh(self, command: str, *, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a shell command on the host over real SSH."""
+        return subprocess.run(
+            self.ssh_argv(command),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def exec(self, command: str, *, check: bool = True) -> str:
+        """Run a shell command inside the container, bypassing SSH (for assertions)."""
+        res = self.container.exec_run(["sh", "-c", command], demux=False)
+        out = res.output.decode(errors="replace") if res.output else ""
+        if check and res.exit_code != 0:
+            raise AssertionError(f"{self.name}: `{command}` exited {res.exit_code}: {out}")
+        return out
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.exec("systemctl is-system-running 2>/dev/null || true", check=False).strip()
+            if state == "running":
+                break
+            if state == "degraded":
+                raise RuntimeError(
+                    f"{self.name} is degraded: {self.exec('systemctl --failed --no-pager', check=False)}"
+                )
+            time.sleep(0.25)
+        else:
+            raise RuntimeError(f"{self.name}: systemd not running after {timeout:.0f}s (last: {state!r})")
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((self.host, self.port), timeout=2) as s:
+                    if s.recv(64).startswith(b"SSH-"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name}: sshd not answering on {self.host}:{self.port}")
+
+    # Fault injection for deploy tests.
+    def stop(self, timeout: int = 10) -> None:
+        self.container.stop(timeout=timeout)
+
+    def kill(self) -> None:
+        self.container.kill()
+
+    def pause(self) -> None:
+        """Freeze every process: the peer stops answering without closing connections."""
+        self.container.pause()
+
+    def unpause(self) -> None:
+        self.container.unpause()
+
+    def start(self, timeout: float = 60) -> None:
+        """Start a stopped or killed host again (same port, key and host keys) and wait for it."""
+        self.container.start()
+        self.wait_ready(timeout)
+
+    def remove(self) -> None:
+        import docker.errors
+
+        try:
+            c = self.container
+        except docker.errors.NotFound:
+            return
+        # Units on the host run sibling containers on this machine's daemon: stop them first.
+        if c.status == "running":
+            c.exec_run(
+                [
+                    "sh",
+                    "-c",
+                    "for u in $(ls /etc/systemd/system/*.service 2>/dev/null); do "
+                    "n=$(basename $u); [ $n = testhost-setup.service ] || timeout 20 systemctl stop $n; done",
+                ],
+            )
+        c.remove(force=True)
+
+
+def _start_testhost(client: Any, workdir: Path, tries: int = 3) -> TestHost:
+    name = f"sb-testhost-{uuid.uuid4().hex[:8]}"
+    hdir = workdir / name
+    hdir.mkdir(parents=True)
+    key = hdir / "id_ed25519"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+    pubkey = key.with_suffix(".pub").read_text().strip()
+    last: Exception | None = None
+    for _ in range(tries):
+        port = free_port()
+        host = TestHost(
+            client=client,
+            name=name,
+            port=port,
+            key_path=key,
+            known_hosts=hdir / "known_hosts",
+            ssh_config=hdir / "ssh_config",
+            workdir=hdir,
+        )
+        client.containers.run(
+            TESTHOST_IMAGE,
+            name=name,
+            detach=True,
+            network_mode="host",
+            cap_add=["SYS_ADMIN"],
+            tmpfs={"/run": "", "/run/lock": ""},
+            volumes={
+                "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+                "/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"},
+                "/usr/bin/docker": {"bind": "/usr/bin/docker", "mode": "ro"},
+            },
+            environment={"SSHD_PORT": str(port), "SSH_AUTHORIZED_KEY": pubkey},
+            labels={TESTHOST_LABEL: "1"},
+        )
+        try:
+            host.wait_ready()
+        except RuntimeError as err:  # most likely lost the port race: try another port
+            last = err
+            host.remove()
+            continue
+        _write_ssh_files(host)
+        return host
+    raise RuntimeError(f"test host did not come up after {tries} tries: {last}")
+
+
+def _write_ssh_files(h: TestHost) -> None:
+    pubs = h.exec("cat /etc/ssh/ssh_host_*_key.pub").split("\n")
+    h.known_hosts.write_text("".join(f"[{h.host}]:{h.port} {' '.join(p.split()[:2])}\n" for p in pubs if p.strip()))
+    h.ssh_config.write_text(
+        f"Host {h.alias}\n"
+        f"  HostName {h.host}\n  Port {h.port}\n  User {h.user}\n"
+        f"  IdentityFile {h.key_path}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {h.known_hosts}\n  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n  ConnectTimeout 10\n  LogLevel ERROR\n"
+    )
+
+
+@pytest.fixture(scope="session")
+def testhost_factory(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], TestHost]]:
+    """Call it to get a fresh host; every host made is removed at the end of the session."""
+    _require_image(docker_client, TESTHOST_IMAGE)
+    workdir = tmp_path_factory.mktemp("testhosts")
+    made: list[TestHost] = []
+
+    def make() -> TestHost:
+        h = _start_testhost(docker_client, workdir)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.remove()
+
+
+@pytest.fixture
+def testhost(testhost_factory: Callable[[], TestHost]) -> Iterator[TestHost]:
+    """A fresh host for one test (about 2 s to start), removed after it."""
+    h = testhost_factory()
+    yield h
+    h.remove()
