@@ -122,8 +122,7 @@ def check_gpus(stack: Stack, gpus: list[Gpu], smi_error: str | None) -> list[Che
                 "gpu arch",
                 not bad,
                 f"host has {', '.join(sorted({g.arch for g in gpus}))}; stack is built for "
-                f"{', '.join(stack.arches)}"
-                + (f" ({', '.join(bad)} not covered: add it to arches)" if bad else ""),
+                f"{', '.join(stack.arches)}" + (f" ({', '.join(bad)} not covered: add it to arches)" if bad else ""),
             )
         )
     floor = driver_floor(stack.cuda)
@@ -163,9 +162,7 @@ def run_preflight(
         version, root_dir, runtimes = [*docker.stdout.strip().split("|", 2), "", ""][:3]
         checks.append(Check("docker", True, f"docker {version}"))
     else:
-        checks.append(
-            Check("docker", False, f"docker is not usable: {_one_line(docker)}; install/start it")
-        )
+        checks.append(Check("docker", False, f"docker is not usable: {_one_line(docker)}; install/start it"))
     if stack.runtime.gpus != "none":
         cdi = remote.run(
             sh_argv("ls /etc/cdi /var/run/cdi 2>/dev/null | grep -i nvidia"),
@@ -180,8 +177,7 @@ def run_preflight(
                 has,
                 "NVIDIA container runtime or CDI spec found"
                 if has
-                else "neither the nvidia docker runtime nor an NVIDIA CDI spec: install "
-                "nvidia-container-toolkit",
+                else "neither the nvidia docker runtime nor an NVIDIA CDI spec: install nvidia-container-toolkit",
             )
         )
         smi = remote.run(NVIDIA_SMI_QUERY, check=False, what="nvidia-smi", changes=False)
@@ -198,15 +194,27 @@ def run_preflight(
     else:
         df = remote.run(["df", "-Pk", root_dir], check=False, what="free disk", changes=False)
         avail = parse_df_avail_kib(df.stdout) if df.ok else None
-        checks.append(
-            Check(
-                "disk",
-                avail is not None and avail >= need_free_kib,
-                f"{_gib(avail)} free under {root_dir}, the image needs {_gib(need_free_kib)}"
-                if avail is not None
-                else f"cannot read free space of {root_dir}: {_one_line(df)}",
+        if avail is None and "No such file" in df.stderr:
+            # The daemon's storage is not on this shell's filesystem (docker socket
+            # shared into a container host): nothing here can measure it.
+            checks.append(
+                Check(
+                    "disk",
+                    True,
+                    f"{root_dir} not visible from the host shell (remote daemon storage): "
+                    "free space not checked",
+                )
             )
-        )
+        else:
+            checks.append(
+                Check(
+                    "disk",
+                    avail is not None and avail >= need_free_kib,
+                    f"{_gib(avail)} free under {root_dir}, the image needs {_gib(need_free_kib)}"
+                    if avail is not None
+                    else f"cannot read free space of {root_dir}: {_one_line(df)}",
+                )
+            )
     tcp = remote.run(
         sh_argv("cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"),
         check=False,

@@ -108,15 +108,22 @@ def wait_ready(
     ready_deadline_s: float,
     probes: Probes | None = None,
 ) -> Readiness:
-    """Poll until the server serves, crashes, or a deadline passes (port, then the rest)."""
+    """Poll until the server serves, crashes, or a deadline passes.
+
+    The port must open within `start_deadline_s` of the start (loading weights);
+    /health and the generation then get `ready_deadline_s` from the port opening.
+    """
     p = probes or Probes()
     t0 = time.monotonic()
+    t_port = t0
     stage = "port"
     last = ""
     while True:
-        elapsed = time.monotonic() - t0
-        limit = start_deadline_s if stage == "port" else start_deadline_s + ready_deadline_s
-        if elapsed > limit:
+        now = time.monotonic()
+        elapsed = now - t0
+        over = (elapsed > start_deadline_s) if stage == "port" else (
+            now - t_port > ready_deadline_s)
+        if over:
             return Readiness(
                 False, stage, f"not ready after {elapsed:.0f}s (stuck at: {stage}; {last})", elapsed
             )
@@ -130,6 +137,7 @@ def wait_ready(
         if stage == "port":
             if port in parse_listening_ports(tcp):
                 stage = "health"
+                t_port = time.monotonic()
             else:
                 last = f"port {port} not listening; {st.describe()}"
         if stage == "health":

@@ -1,0 +1,297 @@
+"""`stackbuild deploy --host` against a real systemd+sshd host container and the registry.
+
+One host and one sim image per session; each scenario is a real CLI run that
+ends with the incumbent serving, the right exit code and a report naming the
+cause. Swap downtime is measured by a client and printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_deploy_support import (
+    SPEC,
+    Client,
+    Project,
+    SimImage,
+    HostBox,
+    deploy_host,  # noqa: F401  (fixture)
+    docker,
+    free_port,
+    record_figure,
+    sim_image,  # noqa: F401  (fixture)
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+    root = tmp_path_factory.mktemp("deployproj")
+    service = f"sbt{secrets.token_hex(3)}"
+    port, staging = free_port(), free_port()
+    (root / "stacks").mkdir()
+    (root / "stacks" / "simtest.yaml").write_text(SPEC.format(
+        port=port, staging=staging, service=service, volumes=json.dumps(list(sim_image.volumes))))
+    proj = Project(root, deploy_host, sim_image, service, port, staging, root / "ledger.db")
+    try:
+        yield proj
+    finally:
+        for unit in (service, f"{service}-candidate"):
+            deploy_host.sh(f"systemctl stop {unit}")
+            docker("rm", "-f", unit, check=False)
+
+
+def _incumbent(p: Project) -> dict[str, object]:
+    """A good incumbent serving before a failure scenario (deployed once, then reused)."""
+    st = p.state()
+    cur = st.get("current") if st else None
+    if not (cur and p.active() == "active" and p.serving()):
+        r = p.deploy()
+        assert r.returncode == 0, r.stdout + r.stderr
+        st = p.state()
+    assert st["current"] and not st.get("pending")
+    return st
+
+
+def _assert_incumbent_unchanged(p: Project, before: dict[str, object]) -> None:
+    after = p.state()
+    assert after["current"] == before["current"], "the incumbent release changed"
+    assert after.get("pending") is None
+    assert p.active() == "active"
+    assert p.serving(), "the incumbent does not serve after the failed deploy"
+    assert p.host.sh(f"test -e /etc/systemd/system/{p.service}-candidate.service").returncode != 0
+    assert p.host.sh(f"test -d /var/lib/stackbuild/{p.service}/lock").returncode != 0
+
+
+def test_first_deploy_promotes_then_status(project: Project) -> None:
+    p = project
+    r = p.deploy()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "outcome: promoted (exit 0)" in r.stdout
+    st = p.state()
+    cur = st["current"]
+    assert isinstance(cur, dict) and cur["digest"] == p.image.digest
+    assert p.serving()
+    s = p.run("status", "--service", p.service)
+    assert s.returncode == 0, s.stderr
+    assert f"current:  {p.image.ref}" in s.stdout and "active" in s.stdout
+
+
+def test_good_candidate_promoted_over_incumbent(project: Project) -> None:
+    p = project
+    before = _incumbent(p)
+    with Client(p.port, kind="health") as client:
+        r = p.deploy("good2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "gate verdict: pass" in r.stdout
+    st = p.state()
+    assert st["previous"] == before["current"]
+    assert "--seed 1" in p.unit_text()
+    report = _downtime(r.stdout)
+    record_figure(scenario="swap promote", reported_s=report, client_s=round(client.downtime(), 3),
+                  failed_requests=client.failed)
+    assert report is not None and report > 0
+
+
+def _downtime(stdout: str) -> float | None:
+    for line in stdout.splitlines():
+        if line.strip().startswith("downtime:"):
+            return float(line.split()[1].rstrip("s"))
+    return None
+
+
+FAILURES = [
+    ("crash", "candidate crashed on start", "no-kernel-image"),
+    ("neverready", "candidate never became ready", None),
+    ("badgen", "failed its first generation", "illegal-memory-access"),
+    ("garbage", "gate fail", None),
+    ("slower", "slower than the incumbent", None),
+    ("badflag", "candidate crashed on start", "bad-server-flag"),
+]
+
+
+@pytest.mark.parametrize(("variant", "cause", "signature"), FAILURES)
+@pytest.mark.parametrize("strategy", ["swap", "side-by-side"])
+def test_failed_candidate_rolls_back(project: Project, strategy: str, variant: str, cause: str,
+                                     signature: str | None) -> None:
+    p = project
+    before = _incumbent(p)
+    with Client(p.port, kind="generate" if strategy == "side-by-side" else "health") as client:
+        r = p.deploy(variant, "--strategy", strategy)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "outcome: rolled-back (exit 1)" in out and cause in out, out
+    if signature:
+        assert f"crash signature: {signature}" in out, out
+    _assert_incumbent_unchanged(p, before)
+    assert p.state()["last_verdict"] in ("fail", "not-ready")
+    if strategy == "side-by-side":
+        assert client.failed == 0, f"side-by-side lost {client.failed} of {len(client.results)}"
+        assert len(client.results) > 5
+    else:
+        record_figure(scenario=f"swap {variant}", reported_s=_downtime(out),
+                      client_s=round(client.downtime(), 3), failed_requests=client.failed,
+                      requests=len(client.results))
+        assert _downtime(out) is not None
+
+
+def test_registry_unreachable_changes_nothing(project: Project) -> None:
+    p = project
+    _incumbent(p)
+    snap = p.snapshot()
+    dead = f"127.0.0.1:{free_port()}/stackbuild-deploytest@{p.image.digest}"
+    with Client(p.port) as client:
+        r = p.deploy("good2", image=dead)
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out
+    assert "cannot pull" in out and "nothing on the host was changed" in out
+    assert p.snapshot() == snap
+    assert client.failed == 0 and p.serving()
+
+
+def test_preflight_reports_every_failed_check(project: Project) -> None:
+    p = project
+    _incumbent(p)
+    snap = p.snapshot()
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", p.staging))
+        blocker.listen()
+        r = p.deploy("good2", "--strategy", "side-by-side")
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out
+    assert f"port: port {p.staging} is in use" in out
+    assert "gpu" not in out.lower().split("preflight", 1)[1].split("\n")[0]  # sim: no GPU checks
+    assert p.snapshot() == snap
+
+
+def test_unknown_host_key_rejected_with_hint(project: Project, tmp_path: Path) -> None:
+    p = project
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    args = p.cmd("status", "--service", p.service)
+    args[args.index("--known-hosts") + 1] = str(empty)
+    import subprocess
+
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 4
+    assert "is not in" in r.stderr and f"ssh-keyscan -p {p.host.port} 127.0.0.1" in r.stderr
+    assert "--accept-new-host-key" in r.stderr
+    r = subprocess.run([*args, "--accept-new-host-key"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"[127.0.0.1]:{p.host.port} ssh-ed25519" in empty.read_text()
+
+
+def _wait_for(pred: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _pending(p: Project) -> bool:
+    st = p.state()
+    return bool(st.get("pending"))
+
+
+def test_concurrent_deploy_refused_by_lock(project: Project) -> None:
+    p = project
+    _incumbent(p)
+    first = p.popen("slowload")
+    try:
+        _wait_for(lambda: _pending(p), 60, "the first deploy to start")
+        second = p.deploy("good2")
+        out = second.stdout + second.stderr
+        assert second.returncode == 4, out
+        assert "another deploy holds the host lock" in out and f"pid {first.pid}" in out
+    finally:
+        out1, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out1
+    assert "--load-s 5" in p.unit_text()
+
+
+def test_stackbuild_killed_mid_deploy_rerun_converges(project: Project) -> None:
+    p = project
+    before = _incumbent(p)
+    proc = p.popen("slowload", "--strategy", "swap")
+    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 60,
+              "the candidate to start")
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert p.host.sh(f"test -d /var/lib/stackbuild/{p.service}/lock").returncode == 0
+    assert _pending(p)
+    r = p.deploy("good2")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "broke a stale lock" in out and "recover" in out
+    st = p.state()
+    assert st["previous"] == before["current"] and st.get("pending") is None
+    assert p.serving()
+
+
+def _kill_ssh_sessions(host: HostBox) -> int:
+    ps = host.sh("ps -eo pid=,args=").stdout.splitlines()
+    pids = [ln.split()[0] for ln in ps if "sshd:" in ln and "root@" in ln]
+    for pid in pids:
+        host.sh(f"kill -9 {pid}")
+    return len(pids)
+
+
+def test_ssh_killed_mid_deploy_restores_then_rerun_converges(project: Project) -> None:
+    p = project
+    before = _incumbent(p)
+    proc = p.popen("slowload", "--strategy", "swap")
+    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 60,
+              "the candidate to start")
+    assert _kill_ssh_sessions(p.host) >= 1
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 4, out
+    assert "SSH connection" in out and "lost" in out
+    assert "reconnecting once to restore the host" in out
+    _assert_incumbent_unchanged(p, before)
+    r = p.deploy("slowload")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert p.state()["previous"] == before["current"]
+
+
+def test_dry_run_prints_commands_and_changes_nothing(project: Project) -> None:
+    p = project
+    _incumbent(p)
+    snap = p.snapshot()
+    r = p.deploy("good2", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "would run: systemctl start" in r.stdout
+    assert "would stop the incumbent" in r.stdout
+    assert p.snapshot() == snap
+
+
+def test_rollback_to_previous_digest(project: Project) -> None:
+    p = project
+    _incumbent(p)
+    r = p.deploy("good2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = p.state()
+    r = p.run("rollback", "--service", p.service)
+    assert r.returncode == 0, r.stdout + r.stderr
+    after = p.state()
+    assert after["current"] == st["previous"] and after["previous"] == st["current"]
+    assert p.serving()
+    assert "--seed 1" not in p.unit_text()
+
+
+def test_zz_print_figures() -> None:
+    path = Path(os.environ.get("STACKBUILD_DEPLOY_FIGURES", "/tmp/stackbuild-deploy-figures.json"))
+    if path.exists():
+        print("\nswap downtime figures:\n" + path.read_text())

@@ -1,0 +1,343 @@
+"""Fixtures and helpers for the deploy integration tests (real sshd+systemd host, registry).
+
+Kept in one importable module so each scenario test stays a few lines.
+It provides its own test host and sim image so the deploy tests run even
+before (or without) shared fixtures in conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REGISTRY = "127.0.0.1:5000"
+TESTHOST_IMAGE = os.environ.get("STACKBUILD_TESTHOST_IMAGE", "local/stackbuild-testhost:bookworm")
+DOCKER = "/usr/bin/docker"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([DOCKER, *args], capture_output=True, text=True, check=check,
+                          timeout=timeout)
+
+
+@dataclass
+class HostBox:
+    container: str
+    port: int
+    key: Path
+    known_hosts: Path
+
+    @property
+    def target(self) -> str:
+        return f"root@127.0.0.1:{self.port}"
+
+    def sh(self, script: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        """Inspect the host out of band (docker exec), never through the deploy's SSH."""
+        return docker("exec", self.container, "sh", "-c", script, check=check, timeout=60)
+
+    def ssh_args(self) -> list[str]:
+        return ["--host", self.target, "--known-hosts", str(self.known_hosts),
+                "--identity", str(self.key)]
+
+
+def need_infra() -> None:
+    """In CI a missing daemon is a failure; on a dev box without it, say what to run."""
+    ok = shutil.which(DOCKER) and docker("info", check=False, timeout=20).returncode == 0
+    if not ok:
+        msg = "dockerd is not running: run `bash scripts/infra/up.sh`"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    if docker("image", "inspect", TESTHOST_IMAGE, check=False).returncode != 0:
+        pytest.fail(f"{TESTHOST_IMAGE} missing: run `bash scripts/infra/up.sh`")
+
+
+@pytest.fixture(scope="session")
+def deploy_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostBox]:
+    need_infra()
+    d = tmp_path_factory.mktemp("deployhost")
+    key = d / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    port = free_port()
+    name = f"sbdeploy-{secrets.token_hex(3)}"
+    docker(
+        "run", "-d", "--name", name, "--network", "host", "--cap-add", "SYS_ADMIN",
+        "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
+        "-v", "/var/run/docker.sock:/var/run/docker.sock",
+        "-v", f"{DOCKER}:/usr/bin/docker:ro",
+        "-e", f"SSHD_PORT={port}", "-e", f"SSH_AUTHORIZED_KEY={key.with_suffix('.pub').read_text()}",
+        TESTHOST_IMAGE,
+    )
+    host = HostBox(name, port, key, d / "known_hosts")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            scan = subprocess.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"],
+                                  capture_output=True, text=True, timeout=10)
+            if scan.stdout.strip():
+                host.known_hosts.write_text(scan.stdout)
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"test host {name}: sshd did not come up on 127.0.0.1:{port}")
+        yield host
+    finally:
+        # the sim containers the host's units started run on the shared daemon
+        ps = docker("ps", "-aq", "--filter", f"label=dev.stackbuild.test={name}", check=False)
+        for cid in ps.stdout.split():
+            docker("rm", "-f", cid, check=False)
+        docker("rm", "-f", name, check=False)
+
+
+@dataclass(frozen=True)
+class SimImage:
+    ref: str  # pinned REPO@sha256:...
+    digest: str
+    volumes: tuple[str, ...] = ()  # only for the dev fallback image
+
+
+def _dev_fallback_image() -> SimImage:
+    """When builder.image is not there yet: a base image that runs this checkout's stackbuild.
+
+    The interpreter and the checkout are bind-mounted read-only, so the sim in
+    the container is the code under test.
+    """
+    prefix = Path(sys.prefix)
+    ctx = Path(os.environ.get("TMPDIR", "/tmp")) / f"sbdev-img-{os.getpid()}"
+    ctx.mkdir(exist_ok=True)
+    (ctx / "Dockerfile").write_text(
+        "FROM local/debian:bookworm\n"
+        f"ENV PATH={prefix}/bin:/usr/local/bin:/usr/bin:/bin\n"
+    )
+    tag = f"{REGISTRY}/stackbuild-deploytest:dev"
+    subprocess.run([DOCKER, "build", "-q", "--network", "host", "-t", tag, str(ctx)],
+                   check=True, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    docker("push", tag, timeout=300)
+    digest = docker("image", "inspect", "--format", "{{index .RepoDigests 0}}", tag).stdout.strip()
+    ref = digest
+    return SimImage(ref, ref.split("@", 1)[1],
+                    (f"{prefix}:{prefix}:ro", f"{REPO_ROOT}:{REPO_ROOT}:ro"))
+
+
+@pytest.fixture(scope="session")
+def sim_image() -> SimImage:
+    need_infra()
+    try:
+        from builder.image import build_stack  # noqa: F401
+    except ImportError:
+        return _dev_fallback_image()
+    return _built_image()
+
+
+def _built_image() -> SimImage:
+    from builder.image import build_stack
+    from builder.spec import load_stack
+
+    stack = load_stack("sim", root=REPO_ROOT)
+    built = build_stack(stack, registry=f"{REGISTRY}/stackbuild-deploytest", push=True)
+    from builder.host.runner import pin
+
+    assert built.digest
+    return SimImage(pin(built.image, built.digest), built.digest)
+
+
+SPEC = """\
+name: simtest
+description: deploy integration tests (sim at high speed, tiny gate)
+base_image: local/debian:bookworm
+cuda: null
+server:
+  engine: sim
+  model_path: sim/model
+  flags:
+    --speed: 40
+    --warmup-s: 0.3
+runtime:
+  gpus: none
+  tp: 1
+  port: {port}
+  staging_port: {staging}
+  ulimits: {{}}
+  volumes: {volumes}
+  start_timeout_s: 15
+  ready_timeout_s: 10
+  restart: on-failure
+gate:
+  default_profile: tiny
+  profiles:
+    tiny:
+      concurrency: [1, 4]
+      input_len: 16
+      output_len: 32
+      warmup: 1
+      runs: 3
+      max_runs: 6
+      tolerance: 0.2
+      timeout_s: 20
+host:
+  service: {service}
+  strategy: swap
+variants:
+  good2: {{server: {{flags: {{--seed: 1}}}}}}
+  slower: {{server: {{flags: {{--speed: 12}}}}}}
+  crash: {{server: {{flags: {{--fault: crash-on-start}}}}}}
+  neverready: {{server: {{flags: {{--fault: never-ready}}}}, runtime: {{ready_timeout_s: 3}}}}
+  badgen: {{server: {{flags: {{--fault: fail-first-generation}}}}}}
+  garbage: {{server: {{flags: {{--fault: garbage}}}}}}
+  badflag: {{server: {{flags: {{--no-such-flag: 1}}}}}}
+  slowload: {{server: {{flags: {{--load-s: 5}}}}}}
+"""
+
+
+@dataclass
+class Project:
+    root: Path
+    host: HostBox
+    image: SimImage
+    service: str
+    port: int
+    staging: int
+    ledger: Path
+
+    def cmd(self, *args: str, image: str | None = None) -> list[str]:
+        verb, *rest = args
+        extra = [] if verb != "deploy" else ["--image", image or self.image.ref,
+                                             "--ledger", str(self.ledger)]
+        return [sys.executable, "-m", "builder", "--root", str(self.root), verb, *rest,
+                *self.host.ssh_args(), *extra]
+
+    def run(self, *args: str, image: str | None = None, timeout: float = 180
+            ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.cmd(*args, image=image), capture_output=True, text=True,
+                              timeout=timeout, cwd=self.root)
+
+    def deploy(self, variant: str | None = None, *extra: str, image: str | None = None
+               ) -> subprocess.CompletedProcess[str]:
+        args = ["deploy", "simtest", *(["--variant", variant] if variant else []), *extra]
+        return self.run(*args, image=image)
+
+    def popen(self, variant: str | None, *extra: str) -> subprocess.Popen[str]:
+        args = ["deploy", "simtest", *(["--variant", variant] if variant else []), *extra]
+        return subprocess.Popen(self.cmd(*args), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, cwd=self.root)
+
+    # --- what the host looks like, read out of band ---------------------------------
+    def state(self) -> dict[str, object]:
+        out = self.host.sh(f"cat /var/lib/stackbuild/{self.service}/state.json").stdout
+        return json.loads(out) if out.strip() else {}
+
+    def unit_text(self, unit: str | None = None) -> str:
+        return self.host.sh(f"cat /etc/systemd/system/{unit or self.service}.service").stdout
+
+    def active(self, unit: str | None = None) -> str:
+        return self.host.sh(f"systemctl is-active {unit or self.service}").stdout.strip()
+
+    def serving(self, port: int | None = None) -> bool:
+        return generate(port or self.port)
+
+    def snapshot(self) -> tuple[str, str, str]:
+        """State file bytes, main unit text, candidate unit presence: 'nothing changed' means equal."""
+        st = self.host.sh(f"cat /var/lib/stackbuild/{self.service}/state.json").stdout
+        cand = self.host.sh(f"ls /etc/systemd/system/{self.service}-candidate.service").returncode
+        return st, self.unit_text(), str(cand)
+
+
+def generate(port: int, timeout: float = 5.0) -> bool:
+    body = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 4}}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status == 200 and bool(json.loads(r.read()).get("text"))
+    except (OSError, ValueError):
+        return False
+
+
+def health(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2.0) as r:
+            return r.status == 200
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass
+class Client:
+    """Keeps sending small generations to one port; records every outcome with its time."""
+
+    port: int
+    # "generate": real work (side-by-side: it must only ever reach the incumbent);
+    # "health": swap, where the candidate takes the port and a client's generation
+    # would consume a fault meant for the deploy's own first-generation probe
+    kind: str = "generate"
+    max_requests: int = 4000
+    max_seconds: float = 120.0
+    results: list[tuple[float, bool]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Client:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.is_set() and len(self.results) < self.max_requests \
+                and time.monotonic() - t0 < self.max_seconds:
+            ok = generate(self.port, timeout=2.0) if self.kind == "generate" else \
+                health(self.port)
+            self.results.append((time.monotonic(), ok))
+            if not ok:
+                time.sleep(0.02)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for _, ok in self.results if not ok)
+
+    def downtime(self) -> float:
+        """Seconds from the first failure after a success to the next success, summed."""
+        total, down_since, last_ok = 0.0, None, None
+        for t, ok in self.results:
+            if not ok and down_since is None and last_ok is not None:
+                down_since = last_ok
+            if ok:
+                if down_since is not None:
+                    total += t - down_since
+                    down_since = None
+                last_ok = t
+        return total
+
+
+FIGURES: list[dict[str, object]] = []
+
+
+def record_figure(**kw: object) -> None:
+    FIGURES.append(kw)
+    out = Path(os.environ.get("STACKBUILD_DEPLOY_FIGURES", "/tmp/stackbuild-deploy-figures.json"))
+    out.write_text(json.dumps(FIGURES, indent=2))
