@@ -7,9 +7,7 @@ cause. Swap downtime is measured by a client and printed.
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
 import signal
 import socket
 import time
@@ -18,14 +16,14 @@ from pathlib import Path
 
 import pytest
 from test_deploy_support import (
-    SPEC,
     Client,
+    HostBox,
     Project,
     SimImage,
-    HostBox,
+    cleanup_project,
     deploy_host,  # noqa: F401  (fixture)
-    docker,
     free_port,
+    make_project,
     record_figure,
     sim_image,  # noqa: F401  (fixture)
 )
@@ -36,19 +34,11 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    root = tmp_path_factory.mktemp("deployproj")
-    service = f"sbt{secrets.token_hex(3)}"
-    port, staging = free_port(), free_port()
-    (root / "stacks").mkdir()
-    (root / "stacks" / "simtest.yaml").write_text(SPEC.format(
-        port=port, staging=staging, service=service, volumes=json.dumps(list(sim_image.volumes))))
-    proj = Project(root, deploy_host, sim_image, service, port, staging, root / "ledger.db")
+    proj = make_project(deploy_host, sim_image, tmp_path_factory.mktemp("deployproj"))
     try:
         yield proj
     finally:
-        for unit in (service, f"{service}-candidate"):
-            deploy_host.sh(f"systemctl stop {unit}")
-            docker("rm", "-f", unit, check=False)
+        cleanup_project(proj)
 
 
 def _incumbent(p: Project) -> dict[str, object]:

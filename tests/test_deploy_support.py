@@ -151,6 +151,7 @@ def sim_image() -> SimImage:
 
 def _built_image() -> SimImage:
     from builder.image import build_stack
+
     from builder.spec import load_stack
 
     stack = load_stack("sim", root=REPO_ROOT)
@@ -332,6 +333,22 @@ class Client:
                     down_since = None
                 last_ok = t
         return total
+
+
+def make_project(host: HostBox, image: SimImage, root: Path, extra_variants: str = "") -> Project:
+    service = f"sbt{secrets.token_hex(3)}"
+    port, staging = free_port(), free_port()
+    (root / "stacks").mkdir(parents=True, exist_ok=True)
+    text = SPEC.format(port=port, staging=staging, service=service,
+                       volumes=json.dumps(list(image.volumes)))
+    (root / "stacks" / "simtest.yaml").write_text(text + extra_variants)
+    return Project(root, host, image, service, port, staging, root / "ledger.db")
+
+
+def cleanup_project(p: Project) -> None:
+    for unit in (p.service, f"{p.service}-candidate"):
+        p.host.sh(f"systemctl stop {unit}")
+        docker("rm", "-f", unit, check=False)
 
 
 FIGURES: list[dict[str, object]] = []
