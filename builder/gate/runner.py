@@ -18,7 +18,7 @@ from builder.gate.probe import run_probe
 from builder.gate.profile import GateProfile
 from builder.gate.readiness import get_json, port_open
 from builder.gate.result import GateResult, LevelResult, ProbeResult, RunMetrics, Verdict, Workload
-from builder.gate.stats import compare, percentile
+from builder.gate.stats import compare
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -151,6 +151,42 @@ async def _measure(url: str, wl: Workload, c: int, index: int, side: str,
     return run
 
 
+async def _run_level(
+    c: int, url: str, inc_url: str | None, stored: LevelResult | None, wl: Workload,
+    profile: GateProfile, emit: Progress,
+) -> LevelResult:
+    """Runs at one level until the comparison decides or max_runs is reached."""
+    cand: list[RunMetrics] = []
+    inc_runs: list[RunMetrics] = []
+    target = wl.runs
+    while True:
+        while len(cand) < target:
+            if inc_url:
+                inc_runs.append(await _measure(inc_url, wl, c, len(inc_runs), "incumbent", emit))
+            cand.append(await _measure(url, wl, c, len(cand), "candidate", emit))
+        incumbent = ([r.output_tok_s for r in inc_runs] if inc_url else
+                     [r.output_tok_s for r in stored.runs] if stored else None)
+        final = target >= wl.max_runs
+        lv = judge_level(level_summary(c, cand), incumbent, profile, final=final)
+        if lv.verdict != "inconclusive" or final:
+            return lv
+        target += 1
+
+
+async def _probe(url: str, inc_url: str | None, baseline: GateResult | None,
+                 profile: GateProfile) -> ProbeResult:
+    """Candidate's greedy outputs vs the live incumbent's, else the stored ones, else golden."""
+    reference: tuple[str, ...] | None = profile.probe_golden or None
+    if inc_url:
+        inc = await run_probe(inc_url, profile.probe_prompts, profile.probe_max_tokens,
+                              reference=None, model=profile.model)
+        reference = inc.outputs or None
+    elif baseline is not None and baseline.probe is not None and baseline.probe.outputs:
+        reference = baseline.probe.outputs
+    return await run_probe(url, profile.probe_prompts, profile.probe_max_tokens,
+                           reference=reference, model=profile.model)
+
+
 async def run_gate_async(
     url: str,
     profile: GateProfile,
@@ -175,54 +211,29 @@ async def run_gate_async(
     started = _now()
     facts = {**await host_facts(url), **(host_facts_extra or {})}
     emit("start", {"name": name, "url": url, "baseline_url": inc_url, "workload": wl})
-    top = max(wl.concurrency)
     for target in [u for u in (inc_url, url) if u]:
-        await loadgen.warmup(target, wl, top)
+        await loadgen.warmup(target, wl, max(wl.concurrency))
     levels: list[LevelResult] = []
     for c in wl.concurrency:
         emit("level", {"concurrency": c})
-        cand: list[RunMetrics] = []
-        inc_runs: list[RunMetrics] = []
         stored = baseline.level(c) if baseline is not None else None
-        target_runs = wl.runs
-        while True:
-            while len(cand) < target_runs:
-                if inc_url:
-                    inc_runs.append(await _measure(inc_url, wl, c, len(inc_runs), "incumbent",
-                                                   emit))
-                cand.append(await _measure(url, wl, c, len(cand), "candidate", emit))
-            incumbent = ([r.output_tok_s for r in inc_runs] if inc_url else
-                         [r.output_tok_s for r in stored.runs] if stored else None)
-            final = target_runs >= wl.max_runs
-            lv = judge_level(level_summary(c, cand), incumbent, profile, final=final)
-            if lv.verdict != "inconclusive" or final:
-                break
-            target_runs += 1
+        lv = await _run_level(c, url, inc_url, stored, wl, profile, emit)
         if baseline is not None and stored is None:
-            lv = lv.model_copy(update={"reasons": (*lv.reasons,
-                               f"C={c}: the baseline file has no runs at this level")})
+            note = f"C={c}: the baseline file has no runs at this level"
+            lv = lv.model_copy(update={"reasons": (*lv.reasons, note)})
         emit("decision", {"concurrency": c, "level": lv})
         levels.append(lv)
-    reference: tuple[str, ...] | None = profile.probe_golden or None
-    if inc_url:
-        inc_probe = await run_probe(inc_url, profile.probe_prompts, profile.probe_max_tokens,
-                                    reference=None, model=profile.model)
-        reference = inc_probe.outputs if inc_probe.outputs else None
-    elif baseline is not None and baseline.probe is not None and baseline.probe.outputs:
-        reference = baseline.probe.outputs
-    probe = await run_probe(url, profile.probe_prompts, profile.probe_max_tokens,
-                            reference=reference, model=profile.model)
+    probe = await _probe(url, inc_url, baseline, profile)
     emit("probe", {"probe": probe})
     bars = bar_violations(levels, profile)
-    compared = bool(inc_url or baseline is not None)
-    verdict = overall(levels, bars, probe, compared)
+    verdict = overall(levels, bars, probe, compared=bool(inc_url or baseline is not None))
     reasons = [r for lv in levels for r in lv.reasons] + bars + list(probe.reasons)
-    baseline_name = (baseline.name if baseline is not None else inc_url)
     return GateResult(
         name=name, url=url, started_at=started, finished_at=_now(), workload=wl,
         fingerprint=wl.fingerprint(), tolerance=profile.tolerance, host=facts,
-        baseline_name=baseline_name, levels=tuple(levels), probe=probe, bars=tuple(bars),
-        verdict=verdict, reasons=tuple(reasons),
+        baseline_name=baseline.name if baseline is not None else inc_url,
+        levels=tuple(levels), probe=probe, bars=tuple(bars), verdict=verdict,
+        reasons=tuple(reasons),
     )
 
 
@@ -240,6 +251,3 @@ def run_gate(
     return asyncio.run(run_gate_async(url, profile, name=name, baseline=baseline,
                                       baseline_url=baseline_url, host_facts_extra=host_facts,
                                       progress=progress))
-
-
-__all__ = ["Progress", "percentile", "run_gate", "run_gate_async"]

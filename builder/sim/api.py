@@ -145,6 +145,12 @@ def _oai_reason(fr: dict[str, Any] | None) -> str | None:
     return None if fr is None else str(fr["type"])
 
 
+def _envelope(p: GenParams, obj: str, created: int, choices: list[dict[str, Any]],
+              usage_: dict[str, Any] | None) -> dict[str, Any]:
+    return {"id": p.rid, "object": obj, "created": created, "model": p.model,
+            "choices": choices, "usage": usage_}
+
+
 def oai_chunk(
     p: GenParams, created: int, delta: str, fr: dict[str, Any] | None, first: bool
 ) -> dict[str, Any]:
@@ -159,26 +165,12 @@ def oai_chunk(
         choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason}
         obj = "text_completion"
     choice["matched_stop"] = None
-    return {
-        "id": p.rid,
-        "object": obj,
-        "created": created,
-        "model": p.model,
-        "choices": [choice],
-        "usage": None,
-    }
+    return _envelope(p, obj, created, [choice], None)
 
 
 def oai_usage_chunk(p: GenParams, created: int, completion: int) -> dict[str, Any]:
     obj = "chat.completion.chunk" if p.route == "chat" else "text_completion"
-    return {
-        "id": p.rid,
-        "object": obj,
-        "created": created,
-        "model": p.model,
-        "choices": [],
-        "usage": usage(p, completion),
-    }
+    return _envelope(p, obj, created, [], usage(p, completion))
 
 
 def oai_full(
@@ -186,22 +178,11 @@ def oai_full(
 ) -> dict[str, Any]:
     reason = _oai_reason(fr)
     if p.route == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": reason,
-        }
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
+                                  "logprobs": None, "finish_reason": reason}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
         obj = "text_completion"
     choice["matched_stop"] = None
-    return {
-        "id": p.rid,
-        "object": obj,
-        "created": created,
-        "model": p.model,
-        "choices": [choice],
-        "usage": usage(p, completion),
-    }
+    return _envelope(p, obj, created, [choice], usage(p, completion))
