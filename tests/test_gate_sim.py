@@ -15,13 +15,14 @@ from builder.gate.runner import run_gate
 
 pytestmark = pytest.mark.integration
 
-# short runs: C=8 closed loop, 48 out tokens; at --speed 20 one run is ~0.1-0.3 s
-SMALL = ["--concurrency", "8", "--input-len", "32", "--output-len", "48", "--runs", "3",
+# C=8 closed loop, 96 out tokens: at --speed 10 a run is ~0.2 s, long enough that a
+# stall of the 2 shared cores does not decide a verdict
+SMALL = ["--concurrency", "8", "--input-len", "32", "--output-len", "96", "--runs", "3",
          "--max-runs", "5", "--warmup", "1", "--no-progress"]
 
 
 def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with sim("--speed", "20") as inc, sim("--speed", "20", "--profile", "eagle3-topk1-v2") as cand:
+    with sim("--speed", "10") as inc, sim("--speed", "10", "--profile", "eagle3-topk1-v2") as cand:
         rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, "--name", "topk1",
                    "--concurrency", "30", *SMALL[2:], "--json", str(tmp_path / "r.json"),
                    "--junit", str(tmp_path / "r.xml")])
@@ -38,7 +39,7 @@ def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_slower_candidate_fails(capsys: pytest.CaptureFixture[str]) -> None:
-    with sim("--speed", "20") as inc, sim("--speed", "20", "--fault", "slow:1.3") as cand:
+    with sim("--speed", "10") as inc, sim("--speed", "10", "--fault", "slow:1.3") as cand:
         rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, *SMALL])
     err = capsys.readouterr().err
     assert rc == 1
@@ -63,7 +64,7 @@ def test_equal_within_noise_passes_with_tolerance_else_inconclusive() -> None:
 
 
 def test_garbage_output_fails_the_probe(capsys: pytest.CaptureFixture[str]) -> None:
-    with sim("--speed", "20") as inc, sim("--speed", "20", "--fault", "garbage") as cand:
+    with sim("--speed", "10") as inc, sim("--speed", "10", "--fault", "garbage") as cand:
         rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, *SMALL])
     captured = capsys.readouterr()
     assert rc == 1
@@ -75,10 +76,10 @@ def test_garbage_output_fails_the_probe(capsys: pytest.CaptureFixture[str]) -> N
 def test_mid_run_crash_is_failed_requests_not_a_fast_run(tmp_path: Path) -> None:
     prof = GateProfile(concurrency=(8,), input_len=32, output_len=48, runs=3, max_runs=3,
                        warmup=1, timeout_s=10)
-    with sim("--speed", "20") as ref:
+    with sim("--speed", "10") as ref:
         baseline = run_gate(ref.url, prof, name="incumbent")
     # warmup (1) + probe is after the runs; die when the 13th generation arrives
-    with sim("--speed", "20", "--fault", "die-after:12") as cand:
+    with sim("--speed", "10", "--fault", "die-after:12") as cand:
         result = run_gate(cand.url, prof, name="crashy", baseline=baseline)
     assert baseline.verdict == "reference"
     lv = result.levels[0]
@@ -90,7 +91,7 @@ def test_mid_run_crash_is_failed_requests_not_a_fast_run(tmp_path: Path) -> None
 
 def test_stored_baseline_round_trip_and_workload_mismatch(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
-    with sim("--speed", "20") as s:
+    with sim("--speed", "10") as s:
         assert main(["gate", "--url", s.url, *SMALL, "--json", str(base)]) == 0
         assert main(["gate", "--url", s.url, *SMALL, "--baseline", str(base),
                      "--tolerance", "10"]) == 0
@@ -109,7 +110,7 @@ def test_unreachable_server_exits_4(capsys: pytest.CaptureFixture[str]) -> None:
 def test_stall_stream_times_out_as_failed(tmp_path: Path) -> None:
     prof = GateProfile(concurrency=(2,), input_len=16, output_len=32, runs=1, max_runs=1,
                        warmup=0, timeout_s=1.5, probe_prompts=("hi",))
-    with sim("--speed", "20", "--fault", "stall-stream") as s:
+    with sim("--speed", "10", "--fault", "stall-stream") as s:
         result = run_gate(s.url, prof, name="stall")
     lv = result.levels[0]
     assert lv.failed_requests == 2 and lv.median_output_tok_s == 0.0
