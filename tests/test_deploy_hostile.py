@@ -97,3 +97,17 @@ def test_dry_run_never_prints_a_secret(hostile: Project) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "<secret, not shown>" in r.stdout
     assert "s3cr3t" not in r.stdout + r.stderr
+
+
+def test_first_deploy_through_an_ssh_tunnel(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
+                                            tmp_path: Path) -> None:
+    """What a remote GPU host gets: readiness and gate through SSH, not a direct socket."""
+    p = make_project(deploy_host, sim_image, tmp_path)
+    try:
+        r = p.deploy(None, "--tunnel")
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        assert "outcome: promoted (exit 0)" in out
+        assert p.serving()
+    finally:
+        cleanup_project(p)

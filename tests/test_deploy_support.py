@@ -11,7 +11,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -23,16 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from builder.host.local import free_port
+
 REGISTRY = "127.0.0.1:5000"
 TESTHOST_IMAGE = os.environ.get("STACKBUILD_TESTHOST_IMAGE", "local/stackbuild-testhost:bookworm")
 DOCKER = "/usr/bin/docker"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -74,39 +69,14 @@ def need_infra() -> None:
 
 @pytest.fixture(scope="session")
 def deploy_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostBox]:
+    from builder.host import local
+
     need_infra()
-    d = tmp_path_factory.mktemp("deployhost")
-    key = d / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    port = free_port()
-    name = f"sbdeploy-{secrets.token_hex(3)}"
-    docker(
-        "run", "-d", "--name", name, "--network", "host", "--cap-add", "SYS_ADMIN",
-        "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
-        "-v", "/var/run/docker.sock:/var/run/docker.sock",
-        "-v", f"{DOCKER}:/usr/bin/docker:ro",
-        "-e", f"SSHD_PORT={port}", "-e", f"SSH_AUTHORIZED_KEY={key.with_suffix('.pub').read_text()}",
-        TESTHOST_IMAGE,
-    )
-    host = HostBox(name, port, key, d / "known_hosts")
+    lh = local.start(tmp_path_factory.mktemp("deployhost"), image=TESTHOST_IMAGE)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            scan = subprocess.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"],
-                                  capture_output=True, text=True, timeout=10)
-            if scan.stdout.strip():
-                host.known_hosts.write_text(scan.stdout)
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"test host {name}: sshd did not come up on 127.0.0.1:{port}")
-        yield host
+        yield HostBox(lh.container, lh.port, lh.key, lh.known_hosts)
     finally:
-        # the sim containers the host's units started run on the shared daemon
-        ps = docker("ps", "-aq", "--filter", f"label=dev.stackbuild.test={name}", check=False)
-        for cid in ps.stdout.split():
-            docker("rm", "-f", cid, check=False)
-        docker("rm", "-f", name, check=False)
+        local.stop(lh)
 
 
 @dataclass(frozen=True)
@@ -151,7 +121,6 @@ def sim_image() -> SimImage:
 
 def _built_image() -> SimImage:
     from builder.image import build_stack
-
     from builder.spec import load_stack
 
     stack = load_stack("sim", root=REPO_ROOT)

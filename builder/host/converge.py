@@ -69,22 +69,23 @@ def converger_for(
     )
 
 
-def write_secrets(remote: Remote, stack: Stack, values: dict[str, str]) -> None:
+def write_secrets(remote: Remote, stack: Stack, values: dict[str, str]) -> list[str]:
+    """Write the service's EnvironmentFile (0600); returns the secret names that were unset.
+
+    An unset secret is not an error here: the server starts without it, and a
+    server that needs it fails its start, which the deploy reports.
+    """
     from builder.render import ENV_DIR
 
     missing = [n for n in stack.runtime.secrets if n not in values]
-    if missing:
-        raise InputError(
-            f"runtime.secrets: {', '.join(missing)} not set; export them in the environment "
-            "that runs stackbuild deploy"
-        )
     remote.run(["mkdir", "-p", "-m", "0700", ENV_DIR], what="create the secrets dir")
     remote.put_text(
-        units.env_file_text({n: values[n] for n in stack.runtime.secrets}),
+        units.env_file_text({n: values[n] for n in stack.runtime.secrets if n in values}),
         f"{ENV_DIR}/{stack.host.service}.env",
         mode=0o600,
         secret=True,
     )
+    return missing
 
 
 def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converger) -> HostState:

@@ -66,6 +66,9 @@ class Services:
     endpoint: Callable[[int], AbstractContextManager[str]]
     probes: Probes = field(default_factory=Probes)
     promote_channel: Callable[[str], str] | None = None  # digest ref -> what moved
+    # how the gate reaches the server ("direct" | "tunnel"): results measured one
+    # way are not a baseline for the other (the tunnel costs throughput)
+    access: str = "direct"
     echo: Callable[[str], None] = print
 
 
@@ -139,9 +142,11 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
         with rep.step("stage unit") as st:
             text = svc.render_unit(stack, image=req.image, port=port, name=name)
             staged = units.stage_and_verify(remote, paths.staging_dir, unit, text)
-            if stack.runtime.secrets:
-                converge.write_secrets(remote, stack, req.secrets)
             st.detail = f"{unit} verified"
+            if stack.runtime.secrets:
+                unset = converge.write_secrets(remote, stack, req.secrets)
+                if unset:
+                    st.detail += f"; secrets not set here, the server gets none: {', '.join(unset)}"
     except ConnectionLost:
         raise
     except StackbuildError as err:
@@ -163,6 +168,47 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
         write_state(remote, paths, state.model_copy(update={"pending": pending}))
     conv = _conv(req, svc, rep)
 
+    try:
+        _run_candidate(
+            remote,
+            req,
+            svc,
+            paths,
+            rep,
+            state,
+            conv,
+            staged,
+            unit,
+            port,
+            baseline,
+            incumbent_active,
+        )
+    except ConnectionLost:
+        raise
+    except StackbuildError as err:
+        # Anything unexpected once the host is disturbed: put the incumbent back first.
+        cause = f"deploy step failed: {str(err).splitlines()[0]}"
+        _roll_back(remote, paths, state, conv, rep, cause, verdict="error")
+        rep.finish("rolled-back", cause, err.exit_code)
+
+
+def _run_candidate(
+    remote: Remote,
+    req: DeployRequest,
+    svc: Services,
+    paths: HostPaths,
+    rep: DeployReport,
+    state: HostState,
+    conv: converge.Converger,
+    staged: str,
+    unit: str,
+    port: int,
+    baseline: GateResult | None,
+    incumbent_active: bool,
+) -> None:
+    stack = req.stack
+    sbs = req.strategy == "side-by-side"
+    name = unit.removesuffix(".service")
     with rep.step("start") as st:
         since = units.remote_now(remote)
         if not sbs and incumbent_active:
@@ -304,7 +350,8 @@ def _baseline(
                 stored = GateResult.model_validate_json(res.stdout)
             except ValueError:
                 stored = None
-            if stored is not None and stored.fingerprint == fp:
+            same_path = stored is not None and stored.host.get("access", "direct") == svc.access
+            if stored is not None and stored.fingerprint == fp and same_path:
                 st.detail = f"stored result of {state.current.digest[:19]} (fingerprint {fp})"
                 return stored
         if not incumbent_active:

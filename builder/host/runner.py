@@ -96,8 +96,10 @@ def _services(args: DeployArgs, endpoint: Any, echo: Callable[[str], None]) -> S
     from builder.gate.runner import run_gate
     from builder.render import render_unit
 
+    access = endpoint.mode
+
     def gate(url: str, profile: GateProfile, name: str, baseline: GateResult | None) -> GateResult:
-        return run_gate(url, profile, name=name, baseline=baseline)
+        return run_gate(url, profile, name=name, baseline=baseline, host_facts={"access": access})
 
     promote: Callable[[str], str] | None = None
     if args.stack.host.channel:
@@ -109,7 +111,14 @@ def _services(args: DeployArgs, endpoint: Any, echo: Callable[[str], None]) -> S
             registry.promote(ref, channel=channel)
             return f"{channel} -> {ref}"
 
-    return Services(render_unit=render_unit, gate=gate, endpoint=endpoint, promote_channel=promote, echo=echo)
+    return Services(
+        render_unit=render_unit,
+        gate=gate,
+        endpoint=endpoint,
+        promote_channel=promote,
+        echo=echo,
+        access=access,
+    )
 
 
 @dataclass
@@ -118,13 +127,17 @@ class Endpoint:
     address: HostAddress
     tunnel: bool | None
 
+    @property
+    def mode(self) -> str:
+        use = (not self.address.is_loopback) if self.tunnel is None else self.tunnel
+        return "tunnel" if use else "direct"
+
     def __call__(self, port: int) -> Any:
         from contextlib import contextmanager
 
         @contextmanager
         def cm() -> Any:
-            use = (not self.address.is_loopback) if self.tunnel is None else self.tunnel
-            if not use or getattr(self.remote, "dry_run", False):
+            if self.mode == "direct" or getattr(self.remote, "dry_run", False):
                 host = self.address.host if self.address.is_loopback else "127.0.0.1"
                 yield f"http://{host}:{port}"
                 return

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import io
 import re
+import select
 import shlex
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,10 +55,7 @@ def parse_host(text: str) -> HostAddress:
     """`[USER@]HOST[:PORT]` (IPv6 as `[::1]:22`) -> HostAddress; bad input is an InputError."""
     m = _HOST_RE.match(text.strip())
     if not m:
-        raise InputError(
-            f"--host {text!r}: expected [USER@]HOST[:PORT] "
-            "(e.g. root@gpu1:22 or an ~/.ssh/config alias)"
-        )
+        raise InputError(f"--host {text!r}: expected [USER@]HOST[:PORT] (e.g. root@gpu1:22 or an ~/.ssh/config alias)")
     port = int(m["port"]) if m["port"] else None
     if port is not None and not 1 <= port <= 65535:
         raise InputError(f"--host {text!r}: port {port} is out of range 1-65535")
@@ -103,9 +102,7 @@ class Remote(Protocol):
         changes: bool = True,
     ) -> RemoteResult: ...
 
-    def put_text(
-        self, text: str, path: str, *, mode: int = 0o644, secret: bool = False
-    ) -> None: ...
+    def put_text(self, text: str, path: str, *, mode: int = 0o644, secret: bool = False) -> None: ...
 
     def close(self) -> None: ...
 
@@ -164,9 +161,7 @@ class FabricRemote:
                 command=cmd,
             )
         try:
-            res = self._conn.run(
-                cmd, hide=True, warn=True, in_stream=False, timeout=limit, pty=False
-            )
+            res = self._conn.run(cmd, hide=True, warn=True, in_stream=False, timeout=limit, pty=False)
         except CommandTimedOut as err:
             raise InfraError(
                 f"{what or 'remote command'} on {self.address}: timed out after {limit:.0f}s",
@@ -203,8 +198,7 @@ class FabricRemote:
             self._conn.put(io.BytesIO(text.encode()), remote=tmp)
         except (OSError, EOFError, _paramiko_errors()) as err:
             raise ConnectionLost(
-                f"SSH connection to {self.address} lost while uploading {path}: {err}; "
-                "re-run the same command",
+                f"SSH connection to {self.address} lost while uploading {path}: {err}; re-run the same command",
             ) from err
         self.run(sh_argv(put_text_script(), tmp, path, f"{mode:04o}"), what=f"install {path}")
 
@@ -212,26 +206,78 @@ class FabricRemote:
         t = self._conn.transport
         return bool(t is not None and t.is_active())
 
-    def forward(self, remote_port: int) -> Any:
-        """Context manager: a local port forwarded to the host's 127.0.0.1:remote_port."""
-        local = _free_local_port()
-        return _Forward(self._conn.forward_local(local, remote_port, "127.0.0.1"), local)
+    def forward(self, remote_port: int) -> Tunnel:
+        """A local port forwarded to the host's 127.0.0.1:remote_port (use as a context)."""
+        return Tunnel(self._conn.transport, remote_port)
 
     def close(self) -> None:
         self._conn.close()
 
 
-@dataclass
-class _Forward:
-    cm: Any
-    local_port: int
+class Tunnel:
+    """A local listener whose connections become direct-tcpip channels to the host.
+
+    Fabric's forward_local raises at exit if any channel failed to open, which
+    is exactly what readiness probing does while the server is still loading;
+    here a failed channel just closes that one client connection.
+    """
+
+    def __init__(self, transport: Any, remote_port: int) -> None:
+        self._transport = transport
+        self._remote_port = remote_port
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(128)
+        self._sock.settimeout(0.2)
+        self.local_port = int(self._sock.getsockname()[1])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
 
     def __enter__(self) -> int:
-        self.cm.__enter__()
+        self._thread.start()
         return self.local_port
 
     def __exit__(self, *exc: object) -> None:
-        self.cm.__exit__(*exc)
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._sock.close()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            chan = self._transport.open_channel(
+                "direct-tcpip", ("127.0.0.1", self._remote_port), client.getpeername(), timeout=5
+            )
+        except Exception:  # the port is not open yet, or the transport died
+            client.close()
+            return
+        try:
+            while not self._stop.is_set():
+                ready, _, _ = select.select([client, chan], [], [], 0.5)
+                if client in ready:
+                    data = client.recv(65536)
+                    if not data:
+                        break
+                    chan.sendall(data)
+                if chan in ready:
+                    data = chan.recv(65536)
+                    if not data:
+                        break
+                    client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            chan.close()
+            client.close()
 
 
 @dataclass

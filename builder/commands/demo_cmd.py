@@ -1,0 +1,93 @@
+"""`stackbuild demo`: the whole pipeline on this machine, then the results table.
+
+Infra (dockerd, registry, base and test-host images) -> build the sim stack
+with BuildKit and push it -> start a systemd+sshd host container on 127.0.0.1
+-> deploy the baseline (first deploy: absolute bars), then candidates that the
+gate judges against it: a better one is promoted, a slower and a crashing one
+are rolled back -> print the results table from the ledger.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from builder.errors import InfraError
+
+# (variant, what the demo shows with it)
+SEQUENCE: tuple[tuple[str, str], ...] = (
+    ("baseline", "first deploy: absolute bars only, promoted"),
+    ("eagle3-topk1-v2", "a candidate gated against the incumbent on the same host"),
+    ("slower", "a slower candidate: the gate fails, the incumbent is put back"),
+    ("crash-on-start", "a crashing candidate: classified, rolled back"),
+)
+HOST_CONTAINER = "stackbuild-demo-host"
+
+
+@click.command("demo")
+@click.option("--keep-host/--remove-host", default=True, show_default=True,
+              help="Leave the demo host container running afterwards (re-runs reuse it).")
+@click.option("--registry", default="127.0.0.1:5000/stackbuild", show_default=True)
+@click.pass_context
+def demo_cmd(ctx: click.Context, keep_host: bool, registry: str) -> None:
+    """Whole pipeline on the local sim stack and a local test host; prints the results table."""
+    from builder.host import local
+    from builder.host.runner import DeployArgs, pin, run_deploy
+    from builder.host.ssh import SshOptions
+    from builder.ledger import default_ledger_path, update_report
+    from builder.paths import stack_root
+    from builder.spec import load_stack
+
+    root = stack_root((ctx.obj or {}).get("root"))
+    _ensure_infra(root)
+    base = load_stack("sim", root=(ctx.obj or {}).get("root"))
+    click.echo(f"demo: building {base.label} with BuildKit and pushing it to {registry}")
+    from builder.image import build_stack
+
+    built = build_stack(base, registry=registry, push=True)
+    if not built.digest:
+        raise InfraError("demo: the build pushed no digest; cannot deploy by digest")
+    image = pin(built.image, built.digest)
+    click.echo(f"demo: image {image}")
+
+    work = root / ".stackbuild" / "demo"
+    host = local.start(work, name=HOST_CONTAINER)
+    click.echo(f"demo: host container {host.container} on {host.target}")
+    ledger = default_ledger_path(root)
+    ssh = SshOptions(known_hosts=host.known_hosts, key_filename=str(host.key))
+    codes: list[tuple[str, int]] = []
+    try:
+        for variant, what in SEQUENCE:
+            if variant not in base.variants:
+                continue
+            click.echo(f"\n=== deploy {base.name} --variant {variant}: {what}")
+            stack = load_stack("sim", root=(ctx.obj or {}).get("root"), variant=variant)
+            args = DeployArgs(stack=stack, host_text=host.target, ssh=ssh,
+                              strategy=stack.host.strategy, image=image, registry=registry,
+                              ledger=ledger, root=root)
+            codes.append((variant, run_deploy(args, echo=click.echo)))
+    finally:
+        if not keep_host:
+            local.stop(host, (base.host.service,))
+    report = update_report(ledger)
+    click.echo(f"\n=== results ({report})\n")
+    click.echo(report.read_text())
+    click.echo("demo: exit codes: " + ", ".join(f"{v}={c}" for v, c in codes))
+
+
+def _ensure_infra(root: Path) -> None:
+    """dockerd, registry and images up (what `make demo` did already); else run up.sh."""
+    from builder import proc
+
+    ok = proc.run(["/usr/bin/docker", "info"], check=False, timeout=20).returncode == 0
+    have = ok and proc.run(["/usr/bin/docker", "image", "inspect",
+                            "local/stackbuild-testhost:bookworm"], check=False).returncode == 0
+    if have:
+        return
+    script = root / "scripts" / "infra" / "up.sh"
+    if not script.exists():
+        raise InfraError("demo: dockerd/registry/images are not up and scripts/infra/up.sh is "
+                         "not here; run `make demo` from the project checkout")
+    click.echo("demo: bringing up local infrastructure (scripts/infra/up.sh)")
+    proc.run(["bash", str(script)], timeout=1800, what="scripts/infra/up.sh")

@@ -1,0 +1,123 @@
+"""A local stand-in GPU host: the systemd+sshd test-host container on 127.0.0.1 (demo, tests).
+
+It shares the machine's Docker daemon (socket mounted), so the units it starts
+run sibling containers with --network host. Its own key pair and a
+known_hosts entry scanned from it live in a directory the caller owns.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder import proc
+from builder.errors import InfraError
+
+DOCKER = "/usr/bin/docker"
+TESTHOST_IMAGE = "local/stackbuild-testhost:bookworm"
+
+
+@dataclass(frozen=True)
+class LocalHost:
+    container: str
+    port: int
+    key: Path
+    known_hosts: Path
+
+    @property
+    def target(self) -> str:
+        return f"root@127.0.0.1:{self.port}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_argv(name: str, port: int, pubkey: str, image: str) -> list[str]:
+    """`docker run` of a systemd+sshd host (flags verified in notes/local-infra.md)."""
+    return [
+        DOCKER,
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network",
+        "host",
+        "--cap-add",
+        "SYS_ADMIN",
+        "-v",
+        "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+        "--tmpfs",
+        "/run",
+        "--tmpfs",
+        "/run/lock",
+        "-v",
+        "/var/run/docker.sock:/var/run/docker.sock",
+        "-v",
+        f"{DOCKER}:/usr/bin/docker:ro",
+        "-e",
+        f"SSHD_PORT={port}",
+        "-e",
+        f"SSH_AUTHORIZED_KEY={pubkey.strip()}",
+        "--label",
+        "dev.stackbuild.localhost=1",
+        image,
+    ]
+
+
+def start(
+    directory: Path,
+    *,
+    name: str | None = None,
+    port: int | None = None,
+    image: str = TESTHOST_IMAGE,
+    timeout_s: float = 60,
+) -> LocalHost:
+    """Start (or reuse, when `name` already runs) a host container; wait until sshd answers."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / "id_ed25519"
+    if not key.exists():
+        proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], what="ssh-keygen")
+    name = name or f"stackbuild-host-{secrets.token_hex(3)}"
+    known = directory / "known_hosts"
+    running = proc.run(
+        [DOCKER, "inspect", "--format", "{{.State.Running}}|{{range .Config.Env}}{{println .}}{{end}}", name],
+        check=False,
+    )
+    if running.returncode == 0 and running.stdout.startswith("true"):
+        env = dict(ln.split("=", 1) for ln in running.stdout.split("|", 1)[1].splitlines() if "=" in ln)
+        port = int(env.get("SSHD_PORT", "0"))
+    else:
+        if running.returncode == 0:
+            proc.run([DOCKER, "rm", "-f", name], check=False)
+        port = port or free_port()
+        proc.run(
+            run_argv(name, port, key.with_suffix(".pub").read_text(), image), what=f"start the host container {name}"
+        )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        scan = proc.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"], check=False, timeout=10)
+        if scan.stdout.strip():
+            known.write_text(scan.stdout)
+            return LocalHost(name, port, key, known)
+        time.sleep(0.5)
+    logs = proc.run([DOCKER, "logs", "--tail", "30", name], check=False)
+    raise InfraError(
+        f"host container {name}: sshd did not answer on 127.0.0.1:{port} within {timeout_s:.0f}s",
+        output=logs.stdout + logs.stderr,
+    )
+
+
+def stop(host: LocalHost, services: tuple[str, ...] = ()) -> None:
+    """Remove the host and the sibling containers its units started."""
+    for svc in services:
+        proc.run(
+            [DOCKER, "exec", host.container, "systemctl", "stop", svc, f"{svc}-candidate"], check=False, timeout=120
+        )
+        proc.run([DOCKER, "rm", "-f", svc, f"{svc}-candidate"], check=False)
+    proc.run([DOCKER, "rm", "-f", host.container], check=False)
