@@ -1,0 +1,168 @@
+"""Pure core of builder.image: CLI choice, exact argv, hashing, parallelism, progress, smoke checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.errors import InfraError
+from builder.image import buildkit, context, smoke
+from builder.image.buildkit import Builder, BuildRequest, CliProbe
+
+
+def test_buildx_is_preferred_over_builtin_buildkit() -> None:
+    probes = [CliProbe("/usr/bin/docker", (20, 10), False), CliProbe("/usr/local/bin/docker", (28, 2), True)]
+    assert buildkit.choose_builder(probes) == Builder("/usr/local/bin/docker", True, (28, 2))
+
+
+def test_new_cli_without_buildx_falls_back_to_old_cli_with_builtin_buildkit() -> None:
+    probes = [CliProbe("/usr/local/bin/docker", (28, 2), False), CliProbe("/usr/bin/docker", (20, 10), False)]
+    b = buildkit.choose_builder(probes)
+    assert b == Builder("/usr/bin/docker", False, (20, 10))
+    assert b.description == "/usr/bin/docker 20.10 with built-in BuildKit (DOCKER_BUILDKIT=1)"
+    assert b.env({"A": "1"}) == {"A": "1", "DOCKER_BUILDKIT": "1"}
+
+
+def test_no_buildkit_cli_is_a_clear_error() -> None:
+    with pytest.raises(InfraError, match=r"no docker CLI with BuildKit found .* saw: /usr/local/bin/docker"):
+        buildkit.choose_builder([CliProbe("/usr/local/bin/docker", (28, 2), False)])
+
+
+def test_parse_cli_version() -> None:
+    assert buildkit.parse_cli_version("Docker version 20.10.24+dfsg1, build 297e128") == (20, 10)
+    assert buildkit.parse_cli_version("garbage") is None
+
+
+def _req(**kw: object) -> BuildRequest:
+    base: dict[str, object] = {"context": Path("/ctx"), "tag": "r:t"}
+    base.update(kw)
+    return BuildRequest(**base)  # type: ignore[arg-type]
+
+
+def test_build_argv_builtin_buildkit_exact() -> None:
+    b = Builder("/usr/bin/docker", False, (20, 10))
+    r = _req(
+        labels={"z": "1", "a": "2"},
+        build_args={"MAX_JOBS": "4"},
+        secrets={"hf_token": Path("/s/hf_token")},
+        cache_from=("reg:5000/x:buildcache-sim",),
+        cache_to="reg:5000/x:buildcache-sim",
+        iidfile=Path("/ctx/iid"),
+    )
+    assert buildkit.build_argv(b, r) == [
+        "/usr/bin/docker", "build", "--progress", "plain", "--network", "host", "--file", "/ctx/Dockerfile",
+        "--tag", "r:t", "--label", "a=2", "--label", "z=1", "--build-arg", "MAX_JOBS=4",
+        "--secret", "id=hf_token,src=/s/hf_token", "--cache-from", "reg:5000/x:buildcache-sim",
+        "--build-arg", "BUILDKIT_INLINE_CACHE=1", "--iidfile", "/ctx/iid", "/ctx",
+    ]  # fmt: skip
+
+
+def test_build_argv_buildx_exact() -> None:
+    b = Builder("docker", True, (28, 2))
+    r = _req(cache_from=("reg/x:c",), cache_to="reg/x:c", no_cache=True, target="runtime")
+    assert buildkit.build_argv(b, r) == [
+        "docker", "buildx", "build", "--load", "--progress", "plain", "--network", "host",
+        "--file", "/ctx/Dockerfile", "--tag", "r:t", "--target", "runtime", "--no-cache",
+        "--cache-from", "type=registry,ref=reg/x:c", "--cache-to", "type=registry,ref=reg/x:c,mode=max", "/ctx",
+    ]  # fmt: skip
+
+
+def test_stage_progress_counts_steps_per_stage() -> None:
+    sp = buildkit.StageProgress()
+    lines = [
+        "#1 [internal] load build definition from Dockerfile",
+        "#1 DONE 0.0s",
+        "#5 [torch 1/2] RUN sleep 30",
+        "#6 [sglang 1/3] COPY x /x",
+        "#6 CACHED",
+        "#5 DONE 30.1s",
+        "#7 [torch 2/2] RUN true",
+    ]
+    changed = [sp.feed(ln) for ln in lines]
+    assert changed == [None, None, None, None, "sglang", "torch", None]
+    assert sp.stages == {"torch": [1, 2], "sglang": [1, 3]}
+
+
+def test_content_hash_is_order_free_and_covers_files_and_base() -> None:
+    a = context.content_hash({"Dockerfile": "1", "patches/p": "2"}, "sha256:b")
+    assert a == context.content_hash({"patches/p": "2", "Dockerfile": "1"}, "sha256:b")
+    assert a != context.content_hash({"Dockerfile": "1", "patches/p": "3"}, "sha256:b")
+    assert a != context.content_hash({"Dockerfile": "1", "patches/p": "2"}, "sha256:c")
+    assert a != context.content_hash({"Dockerfile": "1"}, "sha256:b")
+    assert len(a) == 64
+
+
+def test_image_tag_shape() -> None:
+    assert context.image_tag("127.0.0.1:5000/sb", "sim-slower", "0123456789abcdef") == (
+        "127.0.0.1:5000/sb:sim-slower-0123456789ab"
+    )
+
+
+@pytest.mark.parametrize(
+    ("cpus", "mem_gib", "pin_jobs", "pin_threads", "want"),
+    [
+        (2, 24, None, None, (2, 1)),  # CI: cores bound
+        (64, 32, None, None, (8, 1)),  # memory bound: 32 GiB / 4 GiB
+        (32, 256, None, None, (16, 2)),  # big box: 2 nvcc threads per job
+        (32, 256, 6, None, (6, 2)),  # the spec pins MAX_JOBS
+        (32, 256, None, 8, (4, 8)),  # the spec pins nvcc threads: jobs shrink to fit cores
+        (1, 2, None, None, (1, 1)),  # never zero
+    ],
+)
+def test_parallelism(cpus: int, mem_gib: int, pin_jobs: int | None, pin_threads: int | None,
+                     want: tuple[int, int]) -> None:  # fmt: skip
+    p = context.parallelism(cpus, mem_gib << 30, max_jobs=pin_jobs, nvcc_threads=pin_threads)
+    assert (p.max_jobs, p.nvcc_threads) == want
+
+
+def test_download_deps_argv_targets_the_image_python() -> None:
+    argv = context.download_deps_argv("3.11", Path("/r.txt"), Path("/d"))
+    assert argv[:5] == ["python3", "-m", "pip", "download", "--quiet"]
+    assert "--only-binary=:all:" in argv
+    assert argv[argv.index("--python-version") + 1] == "3.11"
+    assert argv[argv.index("--abi") + 1] == "cp311"
+    assert "manylinux_2_36_x86_64" in argv or "manylinux_2_36_aarch64" in argv
+    assert argv[-4:] == ["--dest", "/d", "-r", "/r.txt"]
+
+
+def test_needs_wheelhouse() -> None:
+    assert context.needs_wheelhouse("COPY wheelhouse/deps/ /wheelhouse/deps/\n")
+    assert not context.needs_wheelhouse("FROM x\nRUN pip install sglang\n")
+
+
+def test_version_mismatches_ignore_local_suffix_and_name_the_mismatch() -> None:
+    want = {"torch": "2.14.1", "sglang": "0.5.23", "flashinfer-python": "0.7.2"}
+    found = {"torch": "2.14.1+cu130", "sglang": "0.5.22"}
+    assert smoke.version_mismatches(want, found) == [
+        "flashinfer-python is missing in the image, the lock says 0.7.2",
+        "sglang is 0.5.22 in the image, the lock says 0.5.23",
+    ]
+
+
+def test_parse_versions() -> None:
+    assert smoke.parse_versions('noise\nVERSIONS={"a": "1"}\n') == {"a": "1"}
+    assert smoke.parse_versions("nothing") == {}
+
+
+def test_flags_missing_requires_the_full_name() -> None:
+    help_text = "  --cuda-graph-max-bs-decode N\n  --tp-size TP_SIZE\n  --port PORT"
+    assert smoke.flags_missing(help_text, ["--tp-size", "--port", "--cuda-graph-max-bs", "--tp"]) == [
+        "--cuda-graph-max-bs",
+        "--tp",
+    ]
+
+
+def test_patch_check_reverse_applies_each_patch() -> None:
+    argv = smoke.patch_check_command(["a.patch", "b.patch"])
+    assert argv[:2] == ["bash", "-c"]
+    assert argv[2].count("patch -R --dry-run --batch -p1") == 2
+    assert "/opt/stackbuild/patches/b.patch" in argv[2]
+    assert 'echo "NOT-APPLIED a.patch"' in argv[2]
+
+
+def test_versions_script_imports_then_prints_json() -> None:
+    code = smoke.versions_script(["torch"], ["torch", "sgl_kernel"])
+    assert "importlib.import_module(mod)" in code
+    assert "['torch', 'sgl_kernel']" in code
+    compile(code, "<smoke>", "exec")
