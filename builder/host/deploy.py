@@ -182,14 +182,18 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
             port,
             baseline,
             incumbent_active,
+            text,
         )
     except ConnectionLost:
         raise
-    except StackbuildError as err:
-        # Anything unexpected once the host is disturbed: put the incumbent back first.
-        cause = f"deploy step failed: {str(err).splitlines()[0]}"
+    except Exception as err:
+        # Anything unexpected once the host is disturbed: put the incumbent back
+        # first; a bug (not a StackbuildError) still surfaces after that.
+        cause = f"deploy step failed: {(str(err) or type(err).__name__).splitlines()[0]}"
         _roll_back(remote, paths, state, conv, rep, cause, verdict="error")
-        rep.finish("rolled-back", cause, err.exit_code)
+        rep.finish("rolled-back", cause, getattr(err, "exit_code", EXIT_INFRA))
+        if not isinstance(err, StackbuildError):
+            raise
 
 
 def _run_candidate(
@@ -205,6 +209,7 @@ def _run_candidate(
     port: int,
     baseline: GateResult | None,
     incumbent_active: bool,
+    text: str,
 ) -> None:
     stack = req.stack
     sbs = req.strategy == "side-by-side"
