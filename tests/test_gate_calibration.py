@@ -30,7 +30,8 @@ def test_sweep_reproduces_the_users_conclusion() -> None:
     with sim("--speed", SPEED, "--profile", "eagle3-topk4-v1") as s:
         topk4 = run_gate(s.url, SWEEP, name="eagle3-topk4-v1", baseline=baseline)
     v1 = {lv.concurrency: lv.verdict for lv in topk1.levels}
-    assert v1 == {1: "fail", 30: "pass", 250: "pass"}, topk1.reasons
+    detail = [(lv.concurrency, lv.ratio, lv.ci_low, lv.ci_high, len(lv.runs)) for lv in topk1.levels]
+    assert v1 == {1: "fail", 30: "pass", 250: "pass"}, (topk1.reasons, detail)
     assert topk1.verdict == "fail"
     v4 = {lv.concurrency: lv.verdict for lv in topk4.levels}
     assert v4[250] == "fail"

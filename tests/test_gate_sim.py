@@ -78,7 +78,7 @@ def test_mid_run_crash_is_failed_requests_not_a_fast_run(tmp_path: Path) -> None
                        warmup=1, timeout_s=10)
     with sim("--speed", "10") as ref:
         baseline = run_gate(ref.url, prof, name="incumbent")
-    # warmup (1) + probe is after the runs; die when the 13th generation arrives
+    # readiness checks (2) + warmup (1), then runs of 8: the 13th arrives in the 2nd run
     with sim("--speed", "10", "--fault", "die-after:12") as cand:
         result = run_gate(cand.url, prof, name="crashy", baseline=baseline)
     assert baseline.verdict == "reference"
@@ -101,10 +101,14 @@ def test_stored_baseline_round_trip_and_workload_mismatch(tmp_path: Path) -> Non
         assert main(["gate", "--url", s.url, *other, "--baseline", str(base)]) == 2
 
 
-def test_unreachable_server_exits_4(capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreachable_or_never_ready_server_exits_4(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["gate", "--url", f"http://127.0.0.1:{free_port()}", *SMALL])
     assert rc == 4
     assert "unreachable" in capsys.readouterr().err
+    with sim("--fault", "never-ready", up=False) as s:
+        rc = main(["gate", "--url", s.url, *SMALL, "--ready-timeout", "1"])
+    assert rc == 4
+    assert "layer 'health'" in capsys.readouterr().err
 
 
 def test_stall_stream_times_out_as_failed(tmp_path: Path) -> None:

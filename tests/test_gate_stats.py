@@ -61,6 +61,9 @@ def test_judge_level_and_overall() -> None:
     unsure = judge_level(level_summary(1, [_run(90), _run(105)]), [100.0, 101.0],
                          prof.with_overrides(tolerance=0.0), final=True)
     assert unsure.verdict == "inconclusive" and "cannot tell after 2 runs" in unsure.reasons[0]
+    lying = level_summary(1, [_run(120).model_copy(update={"token_count_mismatches": 2})])
+    lied = judge_level(lying, [100.0], prof, final=True)
+    assert lied.verdict == "fail" and "disagree with what it streamed" in lied.reasons[0]
     ref = judge_level(fast, None, prof, final=True)
     assert ref.verdict == "reference" and ref.ratio is None
     assert overall([lv], [], None, compared=True) == "pass"

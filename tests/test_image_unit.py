@@ -166,3 +166,16 @@ def test_versions_script_imports_then_prints_json() -> None:
     assert "importlib.import_module(mod)" in code
     assert "['torch', 'sgl_kernel']" in code
     compile(code, "<smoke>", "exec")
+
+
+def test_summarize_failure_names_the_step_exit_code_and_cause() -> None:
+    tail = [
+        "#5 [base 2/2] RUN apt-get install -y nope\n",
+        "#5 0.882 Reading package lists...\n",
+        "#5 1.034 E: Unable to locate package nope\n",
+        "#5 ERROR: executor failed running [/bin/sh -c apt-get install -y nope]: exit code: 100\n",
+        "------\n",
+        " > [base 2/2] RUN apt-get install -y nope:\n",
+    ]
+    assert buildkit.summarize_failure(tail) == "at [base 2/2] (exit code 100): E: Unable to locate package nope"
+    assert buildkit.summarize_failure(["random\n"]) == "see the log"

@@ -93,8 +93,15 @@ def build_stack(
     if dry_run:  # the context stays on disk, for reading
         keep = context.cache_dir() / "contexts"
         keep.mkdir(parents=True, exist_ok=True)
-        plan = _plan(stack, target, Path(tempfile.mkdtemp(prefix=f"{stack.label}-", dir=keep)), c,
-                     no_cache=no_cache, progress=progress, push=push)
+        plan = _plan(
+            stack,
+            target,
+            Path(tempfile.mkdtemp(prefix=f"{stack.label}-", dir=keep)),
+            c,
+            no_cache=no_cache,
+            progress=progress,
+            push=push,
+        )
         _print_dry_run(plan, echo, daemon=c is not None)
         return BuildResult(plan.ref, plan.ref.rsplit(":", 1)[1], plan.hash, None, None, skipped=True)
     with tempfile.TemporaryDirectory(prefix="stackbuild-ctx-") as tmp:

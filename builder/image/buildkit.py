@@ -221,7 +221,7 @@ def stream_build(
             raise
     if rc != 0:
         raise InfraError(
-            f"build failed: {_first_error(tail)}",
+            f"build failed {summarize_failure(tail)}",
             command=shlex.join(argv),
             returncode=rc,
             output="".join(tail),
@@ -238,11 +238,20 @@ def _pump(out: IO[str], log: IO[str], tail: list[str], on_line: Callable[[str], 
             on_line(line.rstrip("\n"))
 
 
-def _first_error(tail: list[str]) -> str:
-    for ln in tail:
-        if "ERROR:" in ln or "error:" in ln.lower():
-            return ln.strip()[:300]
-    return "see the log"
+_STEP_FAILED_RE = re.compile(r"^ ?> \[([^\]]+)\]")
+_CAUSE_RE = re.compile(r"^#\d+ \d+\.\d+ (.*(?:E: |error|Error|ERROR|fatal|No such|not found).*)$")
+_EXIT_RE = re.compile(r"exit code: (\d+)")
+
+
+def summarize_failure(tail: list[str]) -> str:
+    """`at [stage i/n] (exit code N): <the step's own last error line>` (pure)."""
+    step = next((m.group(1) for ln in tail if (m := _STEP_FAILED_RE.match(ln))), None)
+    causes = [m.group(1).strip() for ln in tail if (m := _CAUSE_RE.match(ln.rstrip()))]
+    code = next((m.group(1) for ln in reversed(tail) if (m := _EXIT_RE.search(ln))), None)
+    parts = [f"at [{step}]" if step else "", f"(exit code {code})" if code else ""]
+    head = " ".join(p for p in parts if p)
+    cause = causes[-1][:200] if causes else next((ln.strip()[:200] for ln in tail if "ERROR" in ln), "see the log")
+    return f"{head}: {cause}" if head else cause
 
 
 def echo_line(line: str) -> None:
