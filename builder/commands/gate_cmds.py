@@ -126,6 +126,8 @@ def _record(ledger: Path, result: Any) -> None:
 @click.option("--model", help="model name sent in requests")
 @click.option("--seed", type=int)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), help="per request, s")
+@click.option("--ready-timeout", "ready_timeout_s", type=click.FloatRange(min=0.1),
+              help="seconds the server may take to serve before measuring (exit 4 after)")
 @click.option("--min-tok-s-c1", type=float)
 @click.option("--max-ttft-p99-ms", type=float)
 @click.option("--max-failed-requests", type=click.IntRange(min=0))

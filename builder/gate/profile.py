@@ -39,6 +39,8 @@ class GateProfile(BaseModel):
     requests_per_slot: int = Field(default=1, ge=1)
     min_requests: int = Field(default=0, ge=0)
     timeout_s: float = Field(default=120.0, gt=0)
+    # before measuring: port open, /health 200 and one generation within this long
+    ready_timeout_s: float = Field(default=10.0, gt=0)
     # relative slack: pass when the CI lower bound of candidate/incumbent >= 1 - tolerance
     tolerance: float = Field(default=0.05, ge=0, lt=1)
     confidence: float = Field(default=0.95, gt=0.5, lt=1)

@@ -16,7 +16,7 @@ from builder.errors import InfraError, InputError
 from builder.gate import loadgen
 from builder.gate.probe import run_probe
 from builder.gate.profile import GateProfile
-from builder.gate.readiness import get_json, port_open
+from builder.gate.readiness import get_json, port_open, wait_ready_async
 from builder.gate.result import GateResult, LevelResult, ProbeResult, RunMetrics, Verdict, Workload
 from builder.gate.stats import compare
 
@@ -31,10 +31,15 @@ def _noop(kind: str, data: dict[str, Any]) -> None:
     return None
 
 
-async def _reachable(url: str, what: str) -> None:
+async def _reachable(url: str, what: str, deadline_s: float) -> None:
+    """Port open, /health 200 and one generation, else InfraError (exit 4) naming the layer."""
     if not await port_open(url, timeout=3.0):
         raise InfraError(f"{what} {url} is unreachable (connection refused or timed out); "
                          "start the server or fix --url")
+    try:
+        await wait_ready_async(url, deadline_s)
+    except InfraError as err:
+        raise InfraError(f"{what} does not serve: {err}") from None
 
 
 async def host_facts(url: str) -> dict[str, str]:
@@ -75,6 +80,11 @@ def judge_level(
         errs = sorted({e for r in level.runs for e in r.errors})[:3]
         reasons.append(f"C={level.concurrency}: {level.failed_requests} failed requests "
                        f"(allowed {profile.max_failed_requests}): {'; '.join(errs)}")
+        verdict = "fail"
+    mismatched = sum(r.token_count_mismatches for r in level.runs)
+    if mismatched:
+        reasons.append(f"C={level.concurrency}: in {mismatched} requests the server's token "
+                       "counts disagree with what it streamed; the tok/s cannot be trusted")
         verdict = "fail"
     if incumbent:
         inc_med = statistics.median(incumbent)
@@ -204,10 +214,10 @@ async def run_gate_async(
         raise InputError("give either --baseline FILE or --baseline-url URL, not both")
     if baseline is not None:
         _check_baseline(baseline, wl)
-    await _reachable(url, "candidate")
+    await _reachable(url, "candidate", profile.ready_timeout_s)
     inc_url = baseline_url.rstrip("/") if baseline_url else None
     if inc_url:
-        await _reachable(inc_url, "incumbent")
+        await _reachable(inc_url, "incumbent", profile.ready_timeout_s)
     started = _now()
     facts = {**await host_facts(url), **(host_facts_extra or {})}
     emit("start", {"name": name, "url": url, "baseline_url": inc_url, "workload": wl})
