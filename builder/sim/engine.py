@@ -4,6 +4,10 @@ Model time is anchored to the event loop's clock: each step moves a deadline
 forward by its model duration / speed and sleeps until then, so HTTP overhead
 does not slow the simulated GPU down (unless the CPU cannot keep up at all, in
 which case the lag is dropped rather than replayed as a burst).
+
+The event loop sleeps in whole milliseconds (epoll), so below ~2 ms per step
+(high --speed) tokens arrive in pairs: tok/s stays exact, ITL turns bursty. For
+faithful ITL/TPOT keep the real step time above that (e.g. --speed <= 5).
 """
 
 from __future__ import annotations
