@@ -120,3 +120,17 @@ def test_stall_stream_times_out_as_failed(tmp_path: Path) -> None:
     assert lv.failed_requests == 2 and lv.median_output_tok_s == 0.0
     assert result.verdict == "fail"
     assert any("timeout" in e for e in lv.runs[0].errors)
+
+
+def test_generate_api_measures_what_completions_measures() -> None:
+    prof = GateProfile(concurrency=(8,), input_len=32, output_len=96, runs=3, warmup=2,
+                       probe_prompts=("hi",))
+    with sim("--speed", "10", "--profile", "eagle3-topk1-v2") as s:
+        oai = run_gate(s.url, prof, name="oai")
+        native = run_gate(s.url, prof.with_overrides(api="generate"), name="native")
+    assert oai.fingerprint != native.fingerprint  # different API, different workload
+    a, b = oai.levels[0], native.levels[0]
+    assert a.failed_requests == b.failed_requests == 0
+    assert all(r.token_count_mismatches == 0 and r.output_tokens == 8 * 96
+               for r in (*a.runs, *b.runs))
+    assert b.median_output_tok_s == pytest.approx(a.median_output_tok_s, rel=0.05)
