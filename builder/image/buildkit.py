@@ -239,7 +239,8 @@ def _pump(out: IO[str], log: IO[str], tail: list[str], on_line: Callable[[str], 
 
 
 _STEP_FAILED_RE = re.compile(r"^ ?> \[([^\]]+)\]")
-_CAUSE_RE = re.compile(r"^#\d+ \d+\.\d+ (.*(?:E: |error|Error|ERROR|fatal|No such|not found).*)$")
+_CAUSE_WORDS = "E: |error|Error|ERROR|fatal|No such|not found|cannot|denied|failed|nonexistent"
+_CAUSE_RE = re.compile(rf"^#\d+ \d+\.\d+ (.*(?:{_CAUSE_WORDS}).*)$")
 _EXIT_RE = re.compile(r"exit code: (\d+)")
 
 
