@@ -72,6 +72,15 @@ def test_first_deploy_promotes_then_status(project: Project) -> None:
     cur = st["current"]
     assert isinstance(cur, dict) and cur["digest"] == p.image.digest
     assert p.serving()
+    # the registry channel moved to the promoted digest, and the ledger has the deploy
+    from builder.ledger import Ledger
+    from builder.registry import Ref, manifest_digest
+
+    repo = p.image.ref.split("@")[0].split("/", 1)[1]
+    assert manifest_digest(Ref("127.0.0.1:5000", repo, p.service)) == p.image.digest
+    with Ledger(p.ledger) as ledger:
+        last = ledger.deploys()[-1]
+    assert (last.outcome, last.digest, last.strategy) == ("promoted", p.image.digest, "swap")
     s = p.run("status", "--service", p.service)
     assert s.returncode == 0, s.stderr
     assert f"current:  {p.image.ref}" in s.stdout and "active" in s.stdout
@@ -154,6 +163,7 @@ def test_preflight_reports_every_failed_check(project: Project) -> None:
     _incumbent(p)
     snap = p.snapshot()
     with socket.socket() as blocker:
+        blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         blocker.bind(("127.0.0.1", p.staging))
         blocker.listen()
         r = p.deploy("good2", "--strategy", "side-by-side")
