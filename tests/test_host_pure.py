@@ -13,6 +13,7 @@ from builder.host.preflight import (
     parse_df_avail_kib,
     parse_listening_ports,
     parse_nvidia_smi,
+    port_checks,
     version_tuple,
 )
 from builder.host.ready import parse_show
@@ -105,6 +106,8 @@ def test_dry_run_records_and_never_runs_changes() -> None:
 # --- crash signatures ----------------------------------------------------------
 
 CRASH_LOGS = {
+    "container-create": "docker: Error response from daemon: failed to create shim task: OCI "
+    "runtime create failed: runc create failed: error setting rlimits for ready process",
     "cuda-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
     "cuda-graph-capture": "Exception: Capture cuda graph failed: operation not permitted when "
     "stream is capturing",
@@ -172,6 +175,15 @@ def test_parse_listening_ports() -> None:
         "   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A x\n"
     )
     assert parse_listening_ports(tcp) == {30000, 8080}
+
+
+def test_port_checks() -> None:
+    checks = port_checks({30000, 30001}, {30001: False, 30000: True, 30002: False})
+    assert [(c.ok, c.detail) for c in checks] == [
+        (False, "port 30001 is in use by another process: free it or change runtime.port"),
+        (True, "port 30000 is held by the incumbent (replaced on promotion)"),
+        (True, "port 30002 is free"),
+    ]
 
 
 def test_parse_df() -> None:

@@ -79,6 +79,9 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str) -> None:
         click.echo(f"({report})\n")
         click.echo(report.read_text())
     click.echo("demo: exit codes: " + ", ".join(f"{v}={c}" for v, c in codes))
+    if codes and codes[0][1] != 0:
+        raise InfraError(f"demo: the first deploy ({codes[0][0]}) was not promoted; "
+                         "see its report above for the cause")
 
 
 def _deploy_table(ledger_path: Path) -> str:

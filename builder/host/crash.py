@@ -25,6 +25,16 @@ class CrashSignature:
 
 _KINDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     (
+        "container-create",
+        (
+            r"OCI runtime create failed",
+            r"docker: Error response from daemon: .*(create|rlimit|device|runtime)",
+            r"could not select device driver .* with capabilities: \[\[gpu\]\]",
+        ),
+        "docker could not create the container: check runtime options in the spec "
+        "(ulimits above the daemon's hard limit, --gpus without the NVIDIA runtime, volumes)",
+    ),
+    (
         "bad-server-flag",
         (
             r"error: unrecognized arguments?:",

@@ -127,8 +127,7 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
                 remote,
                 stack,
                 image=req.image,
-                port=port,
-                port_owner_ok=(not sbs) and incumbent_active,
+                ports={port: not sbs and incumbent_active} | ({stack.runtime.port: incumbent_active} if sbs else {}),
                 need_free_kib=req.need_free_kib,
             )
             st.detail = "; ".join(f"{c.name}: {c.detail}" for c in pf.checks)
@@ -254,7 +253,8 @@ def _run_candidate(
             main_text = svc.render_unit(stack, image=req.image, port=stack.runtime.port, name=paths.service)
             main_staged = units.stage_and_verify(remote, paths.staging_dir, paths.main_unit, main_text)
             units.remove(remote, paths.candidate_unit, paths.unit_path(paths.candidate_unit))
-            conv.outage_begin()
+            if incumbent_active:
+                conv.outage_begin()
             units.stop(remote, paths.main_unit)
             units.install(remote, main_staged, paths.unit_path(paths.main_unit))
             units.start(remote, paths.main_unit)

@@ -78,27 +78,26 @@ def start(
     image: str = TESTHOST_IMAGE,
     timeout_s: float = 60,
 ) -> LocalHost:
-    """Start (or reuse, when `name` already runs) a host container; wait until sshd answers."""
+    """Start (or reuse, when `name` runs with our key) a host container; wait for sshd."""
     directory.mkdir(parents=True, exist_ok=True)
     key = directory / "id_ed25519"
     if not key.exists():
         proc.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], what="ssh-keygen")
+    pubkey = key.with_suffix(".pub").read_text().strip()
     name = name or f"stackbuild-host-{secrets.token_hex(3)}"
     known = directory / "known_hosts"
-    running = proc.run(
-        [DOCKER, "inspect", "--format", "{{.State.Running}}|{{range .Config.Env}}{{println .}}{{end}}", name],
-        check=False,
+    fmt = "{{.State.Running}}|{{range .Config.Env}}{{println .}}{{end}}"
+    running = proc.run([DOCKER, "inspect", "--format", fmt, name], check=False)
+    env = dict(
+        ln.split("=", 1) for ln in running.stdout.partition("|")[2].splitlines() if "=" in ln
     )
-    if running.returncode == 0 and running.stdout.startswith("true"):
-        env = dict(ln.split("=", 1) for ln in running.stdout.split("|", 1)[1].splitlines() if "=" in ln)
+    if running.stdout.startswith("true") and env.get("SSH_AUTHORIZED_KEY") == pubkey:
         port = int(env.get("SSHD_PORT", "0"))
     else:
         if running.returncode == 0:
             proc.run([DOCKER, "rm", "-f", name], check=False)
         port = port or free_port()
-        proc.run(
-            run_argv(name, port, key.with_suffix(".pub").read_text(), image), what=f"start the host container {name}"
-        )
+        proc.run(run_argv(name, port, pubkey, image), what=f"start the host container {name}")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         scan = proc.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"], check=False, timeout=10)

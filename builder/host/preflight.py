@@ -143,11 +143,10 @@ def run_preflight(
     stack: Stack,
     *,
     image: str,
-    port: int,
-    port_owner_ok: bool,
+    ports: dict[int, bool],
     need_free_kib: int,
 ) -> PreflightReport:
-    """Run every check; `port_owner_ok`: the port is held by our own incumbent (swap)."""
+    """Run every check. `ports`: port -> may our own incumbent hold it."""
     checks: list[Check] = []
     gpus: list[Gpu] = []
     docker = remote.run(
@@ -201,8 +200,7 @@ def run_preflight(
                 Check(
                     "disk",
                     True,
-                    f"{root_dir} not visible from the host shell (remote daemon storage): "
-                    "free space not checked",
+                    f"{root_dir} not visible from the host shell (remote daemon storage): free space not checked",
                 )
             )
         else:
@@ -221,22 +219,26 @@ def run_preflight(
         what="listening ports",
         changes=False,
     )
-    busy = port in parse_listening_ports(tcp.stdout)
-    checks.append(
-        Check(
-            "port",
-            not busy or port_owner_ok,
-            f"port {port} is "
-            + (
-                "held by the incumbent (swap replaces it)"
-                if busy and port_owner_ok
-                else "in use by another process: free it or change runtime.port"
-                if busy
-                else "free"
-            ),
-        )
-    )
+    checks += port_checks(parse_listening_ports(tcp.stdout), ports)
     return PreflightReport(tuple(checks), tuple(gpus))
+
+
+def port_checks(listening: set[int], ports: dict[int, bool]) -> list[Check]:
+    """Each port the deploy will bind must be free, or held by the incumbent it replaces.
+
+    A port held by a stranger would make readiness probe the stranger.
+    """
+    out = []
+    for port, incumbent_ok in ports.items():
+        busy = port in listening
+        if not busy:
+            detail = f"port {port} is free"
+        elif incumbent_ok:
+            detail = f"port {port} is held by the incumbent (replaced on promotion)"
+        else:
+            detail = f"port {port} is in use by another process: free it or change runtime.port"
+        out.append(Check("port", not busy or incumbent_ok, detail))
+    return out
 
 
 def _gib(kib: int | None) -> str:
