@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,3 +112,20 @@ def test_first_deploy_through_an_ssh_tunnel(deploy_host: HostBox, sim_image: Sim
         assert p.serving()
     finally:
         cleanup_project(p)
+
+
+def test_ssh_config_alias_and_default_files(deploy_host: HostBox, tmp_path: Path) -> None:  # noqa: F811
+    """`--host ALIAS` resolves through ~/.ssh/config (HostName, Port, User, IdentityFile) and
+    the default ~/.ssh/known_hosts is what decides trust."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        "Host gpu-test\n  HostName 127.0.0.1\n"
+        f"  Port {deploy_host.port}\n  User root\n  IdentityFile {deploy_host.key}\n"
+    )
+    (home / ".ssh" / "known_hosts").write_text(deploy_host.known_hosts.read_text())
+    argv = [sys.executable, "-m", "builder", "status", "--host", "gpu-test", "--service", "none"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    assert "gpu-test none: NOT active" in r.stdout and "nothing deployed" in r.stdout

@@ -29,8 +29,10 @@ HOST_CONTAINER = "stackbuild-demo-host"
 @click.option("--keep-host/--remove-host", default=True, show_default=True,
               help="Leave the demo host container running afterwards (re-runs reuse it).")
 @click.option("--registry", default="127.0.0.1:5000/stackbuild", show_default=True)
+@click.option("--host-name", default=HOST_CONTAINER, show_default=True,
+              help="Name of the local host container.")
 @click.pass_context
-def demo_cmd(ctx: click.Context, keep_host: bool, registry: str) -> None:
+def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str) -> None:
     """Whole pipeline on the local sim stack and a local test host; prints the results table."""
     from builder.host import local
     from builder.host.runner import DeployArgs, pin, run_deploy
@@ -52,7 +54,7 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str) -> None:
     click.echo(f"demo: image {image}")
 
     work = root / ".stackbuild" / "demo"
-    host = local.start(work, name=HOST_CONTAINER)
+    host = local.start(work, name=host_name)
     click.echo(f"demo: host container {host.container} on {host.target}")
     ledger = default_ledger_path(root)
     ssh = SshOptions(known_hosts=host.known_hosts, key_filename=str(host.key))

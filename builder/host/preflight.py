@@ -63,8 +63,12 @@ class PreflightReport:
 class PreflightFailed(InfraError):
     def __init__(self, address: str, report: PreflightReport) -> None:
         self.report = report
-        lines = [f"preflight failed on {address} ({len(report.failures)} problems):"]
-        lines += [f"  - {c.name}: {c.detail}" for c in report.failures]
+        n = len(report.failures)
+        lines = [
+            f"preflight failed on {address} ({n} problem{'s' if n > 1 else ''}): "
+            + "; ".join(f"{c.name}: {c.detail}" for c in report.failures)
+        ]
+        lines += [f"  - {c.name}: {c.detail}" for c in report.failures] if n > 1 else []
         super().__init__("\n".join(lines))
 
 

@@ -363,10 +363,10 @@ def connect(address: HostAddress, opts: SshOptions | None = None) -> FabricRemot
     )
 
     opts = opts or SshOptions()
-    overrides: dict[str, Any] = {"load_ssh_configs": True}
-    if opts.ssh_config is not None:
-        overrides["ssh_config_path"] = str(opts.ssh_config)
-    config = Config(overrides=overrides)
+    config = Config(
+        overrides={"load_ssh_configs": True},
+        runtime_ssh_path=str(opts.ssh_config) if opts.ssh_config is not None else None,
+    )
     connect_kwargs: dict[str, Any] = {
         "banner_timeout": opts.connect_timeout_s,
         "auth_timeout": opts.connect_timeout_s,
