@@ -7,6 +7,7 @@ cause. Swap downtime is measured by a client and printed.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -174,6 +175,45 @@ def test_preflight_reports_every_failed_check(project: Project) -> None:
     assert p.snapshot() == snap
 
 
+def test_swap_preflight_failure_lists_every_check_and_loses_nothing(
+        project: Project, tmp_path: Path) -> None:
+    p = project
+    _incumbent(p)
+    snap = p.snapshot()
+    report = tmp_path / "report.json"
+    with Client(p.port) as client:
+        r = p.deploy("needgpu", "--json", str(report))
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out
+    # the test host has no NVIDIA runtime and no nvidia-smi: both named in one report
+    assert "nvidia runtime: neither the nvidia docker runtime nor an NVIDIA CDI spec" in out
+    assert "gpus: nvidia-smi failed" in out
+    assert p.snapshot() == snap
+    assert client.failed == 0 and len(client.results) > 3
+    data = json.loads(report.read_text())
+    assert (data["outcome"], data["exit_code"]) == ("refused", 4)
+    assert [s["name"] for s in data["steps"]] == ["lock", "state", "preflight"]
+
+
+def test_swap_lock_held_elsewhere_refuses_and_loses_nothing(project: Project) -> None:
+    p = project
+    _incumbent(p)
+    snap = p.snapshot()
+    owner = json.dumps({"host": "other-box", "pid": 1, "started": time.time(), "what": "deploy x"})
+    lock = f"/var/lib/stackbuild/{p.service}/lock"
+    p.host.sh(f"mkdir {lock} && printf '%s' '{owner}' > {lock}/owner.json", check=True)
+    try:
+        with Client(p.port) as client:
+            r = p.deploy("good2")
+    finally:
+        p.host.sh(f"rm -rf {lock}")
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out
+    assert "another deploy holds the host lock (deploy x by pid 1 on other-box" in out
+    assert p.snapshot() == snap
+    assert client.failed == 0
+
+
 def test_unknown_host_key_rejected_with_hint(project: Project, tmp_path: Path) -> None:
     p = project
     empty = tmp_path / "known_hosts"
@@ -295,3 +335,20 @@ def test_zz_print_figures() -> None:
     path = Path(os.environ.get("STACKBUILD_DEPLOY_FIGURES", "/tmp/stackbuild-deploy-figures.json"))
     if path.exists():
         print("\nswap downtime figures:\n" + path.read_text())
+
+
+def test_dead_peer_fails_in_seconds(project: Project) -> None:
+    """A host that accepts TCP but never speaks SSH (frozen): bounded by --connect-timeout."""
+    import subprocess
+
+    p = project
+    subprocess.run(["/usr/bin/docker", "pause", p.host.container], check=True, timeout=30)
+    try:
+        t0 = time.monotonic()
+        r = p.run("status", "--service", p.service, "--connect-timeout", "2", timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        subprocess.run(["/usr/bin/docker", "unpause", p.host.container], check=True, timeout=30)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "cannot connect" in r.stderr or "SSH to" in r.stderr
+    assert took < 20, f"a frozen peer took {took:.1f}s to fail"

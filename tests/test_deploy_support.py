@@ -152,6 +152,7 @@ variants:
   garbage: {{server: {{flags: {{--fault: garbage}}}}}}
   badflag: {{server: {{flags: {{--no-such-flag: 1}}}}}}
   slowload: {{server: {{flags: {{--load-s: 5}}}}}}
+  needgpu: {{runtime: {{gpus: 1}}}}
 """
 
 
