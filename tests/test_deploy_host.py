@@ -331,6 +331,20 @@ def test_rollback_to_previous_digest(project: Project) -> None:
     assert "--seed 1" not in p.unit_text()
 
 
+def test_deploy_builds_and_pushes_when_no_image_is_given(project: Project) -> None:
+    """`stackbuild deploy STACK --host ...` alone: BuildKit build, push, pull by digest, gate."""
+    p = project
+    _incumbent(p)
+    r = p.deploy(None, "--registry", "127.0.0.1:5000/stackbuild-deploytest", image="")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "outcome: promoted (exit 0)" in out
+    cur = p.state()["current"]
+    assert isinstance(cur, dict)
+    assert str(cur["image"]).startswith("127.0.0.1:5000/stackbuild-deploytest@sha256:")
+    assert f"built {cur['image'].split('@')[0]}:simtest-" in out or "already" in out
+
+
 def test_zz_print_figures() -> None:
     path = Path(os.environ.get("STACKBUILD_DEPLOY_FIGURES", "/tmp/stackbuild-deploy-figures.json"))
     if path.exists():

@@ -110,6 +110,9 @@ name: simtest
 description: deploy integration tests (sim at high speed, tiny gate)
 base_image: local/debian:bookworm
 cuda: null
+python: "3.11"
+build:
+  secrets: [hf_token]
 server:
   engine: sim
   model_path: sim/model
@@ -168,8 +171,9 @@ class Project:
 
     def cmd(self, *args: str, image: str | None = None) -> list[str]:
         verb, *rest = args
-        extra = [] if verb != "deploy" else ["--image", image or self.image.ref,
-                                             "--ledger", str(self.ledger)]
+        extra = [] if verb != "deploy" else ["--ledger", str(self.ledger)]
+        if verb == "deploy" and image != "":  # "" = let deploy build and push the stack
+            extra += ["--image", image or self.image.ref]
         return [sys.executable, "-m", "builder", "--root", str(self.root), verb, *rest,
                 *self.host.ssh_args(), *extra]
 

@@ -9,6 +9,7 @@ import pytest
 
 from builder.errors import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK, InputError
 from builder.host.crash import KINDS, classify
+from builder.host.dryrun import DryRunRemote
 from builder.host.preflight import (
     parse_df_avail_kib,
     parse_listening_ports,
@@ -19,7 +20,6 @@ from builder.host.preflight import (
 from builder.host.ready import parse_show
 from builder.host.report import DeployReport
 from builder.host.ssh import (
-    DryRunRemote,
     HostAddress,
     known_hosts_name,
     parse_host,

@@ -8,7 +8,7 @@ import pytest
 
 from builder.errors import InputError
 from builder.gate.result import GateResult, ProbeResult, Workload
-from builder.host.deploy import _verdict
+from builder.host.decide import verdict_of
 from builder.host.preflight import Gpu, check_gpus
 from builder.host.runner import gate_profile, pin, split_pinned
 from builder.spec import load_stack
@@ -44,11 +44,11 @@ def _result(verdict: str, bars: tuple[str, ...] = (), probe_ok: bool = True) -> 
 
 
 def test_first_deploy_verdict_uses_bars_and_probe_only() -> None:
-    assert _verdict(_result("reference"), first=True) == "pass"
-    assert _verdict(_result("reference", bars=("C=1 too slow",)), first=True) == "fail"
-    assert _verdict(_result("reference", probe_ok=False), first=True) == "fail"
-    assert _verdict(_result("fail"), first=True) == "fail"
-    assert _verdict(_result("inconclusive"), first=False) == "inconclusive"
+    assert verdict_of(_result("reference"), first=True) == "pass"
+    assert verdict_of(_result("reference", bars=("C=1 too slow",)), first=True) == "fail"
+    assert verdict_of(_result("reference", probe_ok=False), first=True) == "fail"
+    assert verdict_of(_result("fail"), first=True) == "fail"
+    assert verdict_of(_result("inconclusive"), first=False) == "inconclusive"
 
 
 def _gpus(n: int, arch: str = "sm_120", driver: str = "580.65.06") -> list[Gpu]:

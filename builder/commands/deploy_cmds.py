@@ -201,9 +201,10 @@ def rollback_cmd(
 ) -> None:
     """Put the previous image back on a host, verified serving."""
     from builder.host.converge import Converger, rollback
+    from builder.host.dryrun import DryRunRemote
     from builder.host.report import DeployReport
     from builder.host.runner import Endpoint
-    from builder.host.ssh import DryRunRemote, connect, parse_host
+    from builder.host.ssh import connect, parse_host
     from builder.host.state import HostPaths
 
     address = parse_host(_need_host(host_text))

@@ -22,6 +22,7 @@ from builder.gate.profile import GateProfile
 from builder.gate.result import GateResult
 from builder.host import converge, units
 from builder.host.crash import classify
+from builder.host.decide import incumbent_result, verdict_of
 from builder.host.preflight import PreflightFailed, run_preflight
 from builder.host.ready import Probes, Readiness, wait_ready
 from builder.host.report import DeployReport
@@ -155,7 +156,7 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
         _dry_plan(remote, req, svc, paths, unit, staged, rep)
         return
 
-    baseline = _baseline(remote, req, svc, paths, state, incumbent_active, rep)
+    baseline = incumbent_result(remote, req, svc, paths, state, incumbent_active, rep)
     pending = Pending(
         op="deploy",
         image=req.image,
@@ -240,7 +241,7 @@ def _run_candidate(
 
     with rep.step("gate") as st, svc.endpoint(port) as url:
         result = svc.gate(url, req.profile, stack.label, baseline)
-        rep.verdict = _verdict(result, first=baseline is None)
+        rep.verdict = verdict_of(result, first=baseline is None)
         rep.gate_json = result.model_dump_json()
         st.detail = f"{rep.verdict}" + (f": {'; '.join(result.reasons)[:300]}" if result.reasons else "")
     if rep.verdict != "pass":
@@ -303,15 +304,6 @@ def _run_candidate(
     rep.finish("promoted")
 
 
-def _verdict(result: GateResult, *, first: bool) -> str:
-    # With no incumbent the gate has only absolute bars and the probe: a clean
-    # "reference" result is a pass.
-    if result.verdict == "reference":
-        clean = not result.bars and (result.probe is None or result.probe.passed)
-        return "pass" if first and clean else "fail"
-    return result.verdict
-
-
 def _readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport) -> Readiness:
     with rep.step("ready") as st, svc.endpoint(port) as url:
         ready = wait_ready(
@@ -327,47 +319,6 @@ def _readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack
     if not ready.ok:
         rep.steps[-1].ok = False
     return ready
-
-
-def _baseline(
-    remote: Remote,
-    req: DeployRequest,
-    svc: Services,
-    paths: HostPaths,
-    state: HostState,
-    incumbent_active: bool,
-    rep: DeployReport,
-) -> GateResult | None:
-    """The incumbent's result on this host for this workload: stored, else measured now."""
-    if state.current is None:
-        rep.note("baseline", True, "first deploy: absolute bars only")
-        return None
-    fp = req.profile.workload().fingerprint()
-    with rep.step("baseline") as st:
-        res = remote.run(
-            ["cat", paths.result_file(state.current.key)],
-            check=False,
-            what="read the incumbent's result",
-            changes=False,
-        )
-        if res.ok:
-            try:
-                stored = GateResult.model_validate_json(res.stdout)
-            except ValueError:
-                stored = None
-            same_path = stored is not None and stored.host.get("access", "direct") == svc.access
-            if stored is not None and stored.fingerprint == fp and same_path:
-                st.detail = f"stored result of {state.current.digest[:19]} (fingerprint {fp})"
-                return stored
-        if not incumbent_active:
-            st.detail = "incumbent not serving and no stored result: absolute bars only"
-            return None
-        with svc.endpoint(state.current.port) as url:
-            measured = svc.gate(url, req.profile, f"incumbent {state.current.stack}", None)
-        remote.run(["mkdir", "-p", f"{paths.base}/results"], what="create results dir")
-        remote.put_text(measured.model_dump_json(), paths.result_file(state.current.key))
-        st.detail = f"measured the incumbent now (fingerprint {fp})"
-        return measured
 
 
 def _roll_back(

@@ -18,8 +18,9 @@ from builder.errors import EXIT_INFRA, InfraError, InputError, StackbuildError
 from builder.gate.profile import BUILTIN_PROFILES, GateProfile
 from builder.gate.result import GateResult
 from builder.host.deploy import DeployRequest, Services, deploy, recover
+from builder.host.dryrun import DryRunRemote
 from builder.host.report import DeployReport
-from builder.host.ssh import DryRunRemote, HostAddress, SshOptions, connect, parse_host
+from builder.host.ssh import HostAddress, SshOptions, connect, parse_host
 from builder.spec import Stack
 
 _PINNED = re.compile(r"^(?P<repo>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")

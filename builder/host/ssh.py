@@ -20,8 +20,8 @@ import select
 import shlex
 import socket
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -278,47 +278,6 @@ class Tunnel:
         finally:
             chan.close()
             client.close()
-
-
-@dataclass
-class DryRunRemote:
-    """Prints every command instead of changing the host.
-
-    Commands that only read (changes=False) go to `reader` when one is given,
-    so the printed plan is the one a real run would follow on this host.
-    """
-
-    address: str
-    reader: Remote | None = None
-    echo: Callable[[str], None] = print
-    commands: list[str] = field(default_factory=list)
-    dry_run: bool = True
-
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        check: bool = True,
-        timeout: float | None = None,
-        what: str = "",
-        changes: bool = True,
-    ) -> RemoteResult:
-        cmd = quote_argv(argv)
-        self.commands.append(cmd)
-        self.echo(f"{'would run' if changes else 'read'}: {cmd}")
-        if not changes and self.reader is not None:
-            return self.reader.run(argv, check=check, timeout=timeout, what=what, changes=False)
-        return RemoteResult(cmd, 0, "", "")
-
-    def put_text(self, text: str, path: str, *, mode: int = 0o644, secret: bool = False) -> None:
-        body = "<secret, not shown>" if secret else f"{len(text.encode())} bytes"
-        line = f"would put: {path} (mode {mode:04o}, {body})"
-        self.commands.append(line)
-        self.echo(line)
-
-    def close(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
 
 
 def _paramiko_errors() -> type[Exception]:
