@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from builder.errors import InfraError
+from builder.host.report import DeployReport
 
 # (variant, what the demo shows with it)
 SEQUENCE: tuple[tuple[str, str], ...] = (
@@ -26,18 +27,20 @@ HOST_CONTAINER = "stackbuild-demo-host"
 
 
 @click.command("demo")
-@click.option("--keep-host/--remove-host", default=True, show_default=True,
-              help="Leave the demo host container running afterwards (re-runs reuse it).")
+@click.option(
+    "--keep-host/--remove-host",
+    default=True,
+    show_default=True,
+    help="Leave the demo host container running afterwards (re-runs reuse it).",
+)
 @click.option("--registry", default="127.0.0.1:5000/stackbuild", show_default=True)
-@click.option("--host-name", default=HOST_CONTAINER, show_default=True,
-              help="Name of the local host container.")
+@click.option("--host-name", default=HOST_CONTAINER, show_default=True, help="Name of the local host container.")
 @click.pass_context
 def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str) -> None:
     """Whole pipeline on the local sim stack and a local test host; prints the results table."""
     from builder.host import local
     from builder.host.runner import DeployArgs, pin, run_deploy
     from builder.host.ssh import SshOptions
-    from builder.ledger import default_ledger_path, update_report
     from builder.paths import stack_root
     from builder.spec import load_stack
 
@@ -56,7 +59,8 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str)
     work = root / ".stackbuild" / "demo"
     host = local.start(work, name=host_name)
     click.echo(f"demo: host container {host.container} on {host.target}")
-    ledger = default_ledger_path(root)
+    ledger = root / ".stackbuild" / "ledger.db"
+    reports: list[DeployReport] = []
     ssh = SshOptions(known_hosts=host.known_hosts, key_filename=str(host.key))
     codes: list[tuple[str, int]] = []
     try:
@@ -65,36 +69,41 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str)
                 continue
             click.echo(f"\n=== deploy {base.name} --variant {variant}: {what}")
             stack = load_stack("sim", root=(ctx.obj or {}).get("root"), variant=variant)
-            args = DeployArgs(stack=stack, host_text=host.target, ssh=ssh,
-                              strategy=stack.host.strategy, image=image, registry=registry,
-                              ledger=ledger, root=root)
-            codes.append((variant, run_deploy(args, echo=click.echo)))
+            args = DeployArgs(
+                stack=stack,
+                host_text=host.target,
+                ssh=ssh,
+                strategy=stack.host.strategy,
+                image=image,
+                registry=registry,
+                ledger=ledger,
+                root=root,
+            )
+            codes.append((variant, run_deploy(args, echo=click.echo, reports=reports)))
     finally:
         if not keep_host:
             local.stop(host, (base.host.service,))
     click.echo("\n=== results")
     try:
+        from builder.ledger import update_report
+
         report = update_report(ledger)
-    except ImportError:  # the report writer is optional here: the ledger has it all
-        click.echo(_deploy_table(ledger))
+    except ImportError:  # no report writer here: a table of this run's deploys instead
+        click.echo(deploy_table(reports))
     else:
         click.echo(f"({report})\n")
         click.echo(report.read_text())
     click.echo("demo: exit codes: " + ", ".join(f"{v}={c}" for v, c in codes))
     if codes and codes[0][1] != 0:
-        raise InfraError(f"demo: the first deploy ({codes[0][0]}) was not promoted; "
-                         "see its report above for the cause")
+        raise InfraError(f"demo: the first deploy ({codes[0][0]}) was not promoted; see its report above for the cause")
 
 
-def _deploy_table(ledger_path: Path) -> str:
-    from builder.ledger import Ledger
-
-    rows = ["| config | outcome | downtime s | cause |", "|---|---|---|---|"]
-    with Ledger(ledger_path) as ledger:
-        for d in ledger.deploys()[-len(SEQUENCE) :]:
-            cause = (d.cause or "").replace("|", "/")[:90]
-            down = f"{d.downtime_s:.2f}" if d.downtime_s is not None else ""
-            rows.append(f"| {d.config} | {d.outcome} | {down} | {cause} |")
+def deploy_table(reports: list[DeployReport]) -> str:
+    rows = ["| config | outcome | exit | verdict | downtime s | cause |", "|---|---|---|---|---|---|"]
+    for r in reports:
+        cause = (r.cause or "").splitlines()[0].replace("|", "/")[:90] if r.cause else ""
+        down = f"{r.downtime_s:.2f}" if r.downtime_s is not None else ""
+        rows.append(f"| {r.stack} | {r.outcome} | {r.exit_code} | {r.verdict or ''} | {down} | {cause} |")
     return "\n".join(rows)
 
 
@@ -103,13 +112,20 @@ def _ensure_infra(root: Path) -> None:
     from builder import proc
 
     ok = proc.run(["/usr/bin/docker", "info"], check=False, timeout=20).returncode == 0
-    have = ok and proc.run(["/usr/bin/docker", "image", "inspect",
-                            "local/stackbuild-testhost:bookworm"], check=False).returncode == 0
+    have = (
+        ok
+        and proc.run(
+            ["/usr/bin/docker", "image", "inspect", "local/stackbuild-testhost:bookworm"], check=False
+        ).returncode
+        == 0
+    )
     if have:
         return
     script = root / "scripts" / "infra" / "up.sh"
     if not script.exists():
-        raise InfraError("demo: dockerd/registry/images are not up and scripts/infra/up.sh is "
-                         "not here; run `make demo` from the project checkout")
+        raise InfraError(
+            "demo: dockerd/registry/images are not up and scripts/infra/up.sh is "
+            "not here; run `make demo` from the project checkout"
+        )
     click.echo("demo: bringing up local infrastructure (scripts/infra/up.sh)")
     proc.run(["bash", str(script)], timeout=1800, what="scripts/infra/up.sh")
