@@ -15,6 +15,7 @@ from builder.host.preflight import (
     parse_listening_ports,
     parse_nvidia_smi,
     port_checks,
+    ulimit_checks,
     version_tuple,
 )
 from builder.host.ready import parse_show
@@ -175,6 +176,24 @@ def test_parse_listening_ports() -> None:
         "   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A x\n"
     )
     assert parse_listening_ports(tcp) == {30000, 8080}
+
+
+LIMITS = """Limit                     Soft Limit           Hard Limit           Units
+Max stack size            8388608              unlimited            bytes
+Max processes             unlimited            unlimited            processes
+Max open files            20000                20000                files
+Max locked memory         8388608              8388608              bytes
+"""
+
+
+def test_ulimit_checks_against_the_daemon() -> None:
+    checks = ulimit_checks(LIMITS, {"nofile": 65536, "memlock": -1, "stack": 67108864,
+                                    "rtprio": 5})
+    assert [(c.name, c.ok) for c in checks] == [
+        ("ulimit nofile", False), ("ulimit memlock", False), ("ulimit stack", True)]
+    assert checks[0].detail == ("runtime.ulimits nofile=65536, the docker daemon's hard limit is "
+                                "20000: lower it in the spec or raise the daemon's")
+    assert ulimit_checks(LIMITS, {"nofile": "1024:16384"})[0].ok
 
 
 def test_port_checks() -> None:

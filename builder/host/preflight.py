@@ -217,6 +217,15 @@ def run_preflight(
                     else f"cannot read free space of {root_dir}: {_one_line(df)}",
                 )
             )
+    if stack.runtime.ulimits:
+        limits = remote.run(
+            sh_argv('p=$(pidof dockerd) && cat "/proc/${p%% *}/limits"'),
+            check=False,
+            what="the docker daemon's limits",
+            changes=False,
+        )
+        # not visible (daemon in another namespace): docker itself will say at start
+        checks += ulimit_checks(limits.stdout, dict(stack.runtime.ulimits)) if limits.ok else []
     tcp = remote.run(
         sh_argv("cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"),
         check=False,
@@ -225,6 +234,51 @@ def run_preflight(
     )
     checks += port_checks(parse_listening_ports(tcp.stdout), ports)
     return PreflightReport(tuple(checks), tuple(gpus))
+
+
+# docker --ulimit names -> the row of /proc/PID/limits that bounds them
+_LIMIT_ROWS = {
+    "nofile": "Max open files",
+    "memlock": "Max locked memory",
+    "stack": "Max stack size",
+    "nproc": "Max processes",
+    "core": "Max core file size",
+}
+
+
+def _limit_value(v: str) -> float:
+    return float("inf") if v in ("-1", "unlimited") else float(v)
+
+
+def ulimit_checks(proc_limits: str, ulimits: dict[str, str | int]) -> list[Check]:
+    """Spec ulimits above the docker daemon's hard limits make `docker run` exit 125.
+
+    An unprivileged daemon (or one in a container) cannot raise its children
+    above its own hard limit, so the container would never start.
+    """
+    hard: dict[str, float] = {}
+    for line in proc_limits.splitlines():
+        for name, row in _LIMIT_ROWS.items():
+            if line.startswith(row):
+                fields = line[len(row) :].split()
+                if len(fields) >= 2:
+                    hard[name] = _limit_value(fields[1])
+    out = []
+    for name, value in ulimits.items():
+        if name not in hard:
+            continue
+        want = max(_limit_value(part) for part in str(value).split(":"))
+        limit = hard[name]
+        shown = "unlimited" if limit == float("inf") else f"{limit:.0f}"
+        out.append(
+            Check(
+                f"ulimit {name}",
+                want <= limit,
+                f"runtime.ulimits {name}={value}, the docker daemon's hard limit is {shown}"
+                + ("" if want <= limit else ": lower it in the spec or raise the daemon's"),
+            )
+        )
+    return out
 
 
 def port_checks(listening: set[int], ports: dict[int, bool]) -> list[Check]:
