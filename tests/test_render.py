@@ -92,7 +92,10 @@ def test_server_argv_for_sglang_and_sim() -> None:
 def test_docker_run_argv_passes_secret_names_only() -> None:
     sim = load_stack("sim", root=ROOT)
     argv = docker_run_argv(sim, image="127.0.0.1:5000/stackbuild:sim-abc", port=31000, name="stackbuild-sim")
-    assert argv[:19] == [
+    cuda = docker_run_argv(load_stack("cuda13", root=ROOT), image="i", port=30000, name="sglang")
+    assert cuda[7:19] == ["--gpus", "all", "--ipc", "host", "--shm-size", "64g", "--ulimit", "memlock=-1",
+                          "--ulimit", "stack=67108864", "--ulimit", "nofile=1048576"]
+    assert argv[:17] == [
         "/usr/bin/docker",
         "run",
         "--rm",
@@ -104,8 +107,6 @@ def test_docker_run_argv_passes_secret_names_only() -> None:
         "private",
         "--shm-size",
         "1g",
-        "--ulimit",
-        "nofile=65536",
         "--env",
         "HF_TOKEN",
         "--label",
