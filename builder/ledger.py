@@ -195,6 +195,8 @@ def host_class_of(host: Mapping[str, str]) -> str:
     count = host.get("gpu_count") or host.get("gpus")
     if gpu:
         return f"{count}x {gpu}" if count else gpu
+    if "sim.speed" in host:  # the simulator: comparable only at the same --speed
+        return f"simulator at --speed {host['sim.speed']}"
     engine = host.get("engine") or host.get("backend")
     return engine if engine else "unknown host"
 

@@ -36,6 +36,9 @@ class Cell:
     ttft_p99_ms: float
     ratio: float | None
     verdict: str
+    runs: int = 0
+    ci_low: float | None = None
+    ci_high: float | None = None
 
 
 @dataclass
@@ -118,7 +121,8 @@ def _reference(current: dict[str, GateRecord]) -> str | None:
 
 
 def _cells(res: GateResult) -> dict[int, Cell]:
-    return {lv.concurrency: Cell(lv.median_output_tok_s, lv.ttft_p99_ms, lv.ratio, lv.verdict) for lv in res.levels}
+    return {lv.concurrency: Cell(lv.median_output_tok_s, lv.ttft_p99_ms, lv.ratio, lv.verdict, len(lv.runs),
+                                 lv.ci_low, lv.ci_high) for lv in res.levels}
 
 
 def build_report(gates: list[GateRecord], deploys: list[DeployRecord]) -> Report:
@@ -270,6 +274,9 @@ def render_markdown(report: Report, plot: str | None = None) -> str:
                 else:
                     cells.append(f"{cell.tok_s:.1f} ({_pct(cell.ratio)}, {STATUS.get(cell.verdict, cell.verdict)})")
             out.append(f"| {_esc(name)} | " + " | ".join(cells) + " |")
+        for name in names:
+            if name != g.reference:
+                out += ["", *_variant_table(g, name)]
         if g.conclusion:
             out += ["", "**Conclusion for deployment strategy:**", ""]
             out += [f"- {c}" for c in g.conclusion]
@@ -281,6 +288,23 @@ def render_markdown(report: Report, plot: str | None = None) -> str:
         out += [f"| {_esc(r.config)} | {r.status} | — | {_esc(r.notes)} |" for r in report.unfiled]
         out.append("")
     return "\n".join(out)
+
+
+def _variant_table(g: Group, name: str) -> list[str]:
+    """One candidate level by level against the reference: medians, the gate's ratio and CI, runs."""
+    ref = g.reference
+    ref_cells = g.cells.get(ref, {}) if ref else {}
+    rows = [f"**{_esc(name)}** vs {_esc(ref or 'no reference')}, per concurrency:", "",
+            f"| C | {_esc(ref or 'reference')} tok/s | {_esc(name)} tok/s | ratio | CI | "
+            "TTFT p99 ms (ref / this) | runs | gate |", "|---|---|---|---|---|---|---|---|"]
+    for c, cell in sorted(g.cells[name].items()):
+        base = ref_cells.get(c)
+        ci = "—" if cell.ci_low is None or cell.ci_high is None else f"[{cell.ci_low:.3f}, {cell.ci_high:.3f}]"
+        ratio = "—" if cell.ratio is None else f"{cell.ratio:.3f}"
+        ttft_ref = "—" if base is None else f"{base.ttft_p99_ms:.1f}"
+        rows.append(f"| {c} | {'—' if base is None else f'{base.tok_s:.1f}'} | {cell.tok_s:.1f} | {ratio} | {ci} | "
+                    f"{ttft_ref} / {cell.ttft_p99_ms:.1f} | {cell.runs} | {STATUS.get(cell.verdict, cell.verdict)} |")
+    return rows
 
 
 # --- files ------------------------------------------------------------------------

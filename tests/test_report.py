@@ -138,3 +138,19 @@ def test_report_command_writes_markdown_and_json(tmp_path: Path, capsys: pytest.
     assert data["groups"][0]["reference"] == "baseline"
     assert main(["report", "--ledger", str(tmp_path / "none.db")]) == 2
     assert "no ledger yet" in capsys.readouterr().err
+
+
+def test_per_variant_table_has_medians_ci_runs_and_verdicts(ledger: Ledger) -> None:
+    ledger.record_gate(result("baseline", USERS["baseline"], "2026-11-01T00:00:00", baseline=None))
+    ledger.record_gate(result("eagle3-topk4-v1", USERS["eagle3-topk4-v1"], "2026-11-02T00:00:00"))
+    md = render_markdown(build_report(ledger.gate_runs(), ledger.deploys()))
+    lines = md.splitlines()
+    start = lines.index("**eagle3-topk4-v1** vs baseline, per concurrency:")
+    assert lines[start + 2:start + 7] == [
+        "| C | baseline tok/s | eagle3-topk4-v1 tok/s | ratio | CI | TTFT p99 ms (ref / this) | runs | gate |",
+        "|---|---|---|---|---|---|---|---|",
+        "| 1 | 92.7 | 85.0 | 0.917 | [0.907, 0.927] | 100.0 / 100.0 | 1 | FAILED |",
+        "| 30 | 689.4 | 345.0 | 0.500 | [0.490, 0.510] | 3000.0 / 3000.0 | 1 | FAILED |",
+        "| 250 | 718.1 | 353.0 | 0.492 | [0.482, 0.502] | 25000.0 / 25000.0 | 1 | FAILED |",
+    ]
+    assert "**baseline** vs" not in md  # the reference gets no table against itself
