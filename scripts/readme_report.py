@@ -1,0 +1,42 @@
+"""Regenerate docs/report-example.*: a real sweep of the three calibrated simulator profiles.
+
+Runs `stackbuild sim` for baseline, eagle3-topk1-v2 and eagle3-topk4-v1 at
+--speed 20 (every rate x20, so read tok/s / 20 for the users' scale), gates the
+speculative ones against baseline at C=1,2,8,30,64,250 into a scratch ledger,
+and writes the report with its plot into docs/. About two minutes.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_sim_process import sim  # noqa: E402
+
+from builder.gate.profile import GateProfile  # noqa: E402
+from builder.gate.runner import run_gate  # noqa: E402
+from builder.ledger import Ledger  # noqa: E402
+from builder.report import write_report  # noqa: E402
+
+SWEEP = GateProfile(concurrency=(1, 2, 8, 30, 64, 250), input_len=32, output_len=128, runs=3, max_runs=6,
+                    warmup=2, tolerance=0.05, requests_per_slot=4, min_requests=16, timeout_s=120)
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp, Ledger(Path(tmp) / "ledger.db") as ledger:
+        with sim("--speed", "20", "--profile", "baseline") as s:
+            base = run_gate(s.url, SWEEP, name="baseline")
+        ledger.record_gate(base)
+        for name in ("eagle3-topk1-v2", "eagle3-topk4-v1"):
+            with sim("--speed", "20", "--profile", name) as s:
+                ledger.record_gate(run_gate(s.url, SWEEP, name=name, baseline=base))
+        print(write_report(ledger, ROOT / "docs" / "report-example.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
