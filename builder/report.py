@@ -256,7 +256,9 @@ def render_markdown(report: Report, plot: str | None = None) -> str:
         out += [f"## Workload {g.fingerprint} on {g.host_class}", "",
                 f"{wl.get('api')} API, {wl.get('input_len')} in / {wl.get('output_len')} out tokens, "
                 f"ignore_eos={wl.get('ignore_eos')}, seed {wl.get('seed')}, C={','.join(map(str, g.levels))}; "
-                f"reference: {g.reference or 'none'}.", "",
+                f"reference: {g.reference or 'none'}."
+                + (" Simulated: tok/s are --speed times, latencies 1/--speed of, the calibrated hardware figures."
+                   if g.host_class.startswith("simulator at --speed") else ""), "",
                 "| config | status | tok/s | notes |", "|---|---|---|---|"]
         out += [f"| {_esc(r.config)} | {r.status} | {_fmt(r.tok_s)} | {_esc(r.notes)} |" for r in g.rows]
         out += ["", "Output tok/s per concurrency (ratio to the reference, gate verdict):", "",
