@@ -91,10 +91,15 @@ def test_mid_run_crash_is_failed_requests_not_a_fast_run(tmp_path: Path) -> None
 
 def test_stored_baseline_round_trip_and_workload_mismatch(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
+    ledger = tmp_path / "ledger.db"
     with sim("--speed", "10") as s:
-        assert main(["gate", "--url", s.url, *SMALL, "--json", str(base)]) == 0
-        assert main(["gate", "--url", s.url, *SMALL, "--baseline", str(base),
-                     "--tolerance", "10"]) == 0
+        assert main(["gate", "--url", s.url, *SMALL, "--json", str(base), "--name", "inc",
+                     "--ledger", str(ledger)]) == 0
+        assert main(["gate", "--url", s.url, *SMALL, "--baseline", str(base), "--name", "cand",
+                     "--tolerance", "10", "--ledger", str(ledger)]) == 0
+        # both runs are in the ledger and the report next to it was rewritten after each
+        report = (tmp_path / "report.md").read_text()
+        assert "| inc | Reference |" in report and "| cand | PASS |" in report
         # a different output length is a different workload: refused, exit 2
         other = [*SMALL]
         other[other.index("--output-len") + 1] = "64"

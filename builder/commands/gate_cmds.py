@@ -90,14 +90,12 @@ def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) ->
 
 
 def _record(ledger: Path, result: Any) -> None:
-    import importlib
+    from builder.ledger import Ledger, update_report
 
-    mod = importlib.import_module("builder.ledger")
-    mod.Ledger(ledger).record_gate(result)
+    with Ledger(ledger) as db:
+        db.record_gate(result)
     click.echo(f"ledger: recorded {result.name} in {ledger}", err=True)
-    report_path_for = getattr(mod, "report_path_for", None)
-    if report_path_for is not None:
-        click.echo(f"report: {report_path_for(ledger)}", err=True)
+    click.echo(f"report: {update_report(ledger)}", err=True)
 
 
 @click.command("gate")
