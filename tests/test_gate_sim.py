@@ -32,8 +32,9 @@ def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     lv = result["levels"][0]
     assert result["verdict"] == "pass" and lv["verdict"] == "pass"
     assert lv["ratio"] > 1.03 and lv["ci_low"] >= 0.95
-    assert len(lv["runs"]) == 3  # decided without extra runs
-    assert "| 30 | 3 |" in out and "PASS" in out
+    # usually decided on the first 3 runs; a stall of the shared cores may ask for more, within the cap
+    assert 3 <= len(lv["runs"]) <= 5
+    assert f"| 30 | {len(lv['runs'])} |" in out and "PASS" in out
     suite = ET.parse(tmp_path / "r.xml").getroot()
     assert suite.get("failures") == "0" and suite.get("tests") == "3"
 

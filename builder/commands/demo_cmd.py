@@ -29,9 +29,9 @@ HOST_CONTAINER = "stackbuild-demo-host"
 @click.command("demo")
 @click.option(
     "--keep-host/--remove-host",
-    default=True,
+    default=False,
     show_default=True,
-    help="Leave the demo host container running afterwards (re-runs reuse it).",
+    help="Leave the demo host container (and the promoted server on the sim port) running afterwards.",
 )
 @click.option("--registry", default="127.0.0.1:5000/stackbuild", show_default=True)
 @click.option("--host-name", default=HOST_CONTAINER, show_default=True, help="Name of the local host container.")
