@@ -15,9 +15,9 @@ from builder.gate.runner import run_gate
 
 pytestmark = pytest.mark.integration
 
-# C=8 closed loop, 96 out tokens: at --speed 10 a run is ~0.2 s, long enough that a
+# C=8 closed loop, 160 out tokens: at --speed 10 a run is ~0.35 s, long enough that a
 # stall of the 2 shared cores does not decide a verdict
-SMALL = ["--concurrency", "8", "--input-len", "32", "--output-len", "96", "--runs", "3",
+SMALL = ["--concurrency", "8", "--input-len", "32", "--output-len", "160", "--runs", "3",
          "--max-runs", "5", "--warmup", "1", "--no-progress"]
 
 
