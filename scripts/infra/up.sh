@@ -30,6 +30,10 @@ ensure_packages() {
   command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
   command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
+  command -v pgrep >/dev/null 2>&1 || missing+=(procps)
+  # the tests verify rendered units and dry-run patches on this machine too
+  command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+  command -v patch >/dev/null 2>&1 || missing+=(patch)
   [ ${#missing[@]} -eq 0 ] && return 0
   log "installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
