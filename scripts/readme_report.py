@@ -2,7 +2,8 @@
 
 Runs `stackbuild sim` for baseline, eagle3-topk1-v2 and eagle3-topk4-v1 at
 --speed 20 (every rate x20, so read tok/s / 20 for the users' scale), gates the
-speculative ones against baseline at C=1,2,8,30,64,250 into a scratch ledger,
+speculative ones (with --max-running-requests 256, as the stacks run them)
+against baseline at C=1,2,8,30,64,250 into a scratch ledger,
 and writes the report with its plot into docs/. About two minutes.
 """
 
@@ -23,7 +24,7 @@ from builder.ledger import Ledger  # noqa: E402
 from builder.report import write_report  # noqa: E402
 
 SWEEP = GateProfile(concurrency=(1, 2, 8, 30, 64, 250), input_len=32, output_len=128, runs=3, max_runs=6,
-                    warmup=2, tolerance=0.05, requests_per_slot=4, min_requests=16, timeout_s=120)
+                    warmup=2, tolerance=0.02, requests_per_slot=4, min_requests=16, timeout_s=120)
 
 
 def main() -> int:
@@ -32,7 +33,7 @@ def main() -> int:
             base = run_gate(s.url, SWEEP, name="baseline")
         ledger.record_gate(base)
         for name in ("eagle3-topk1-v2", "eagle3-topk4-v1"):
-            with sim("--speed", "20", "--profile", name) as s:
+            with sim("--speed", "20", "--profile", name, "--max-running-requests", "256") as s:
                 ledger.record_gate(run_gate(s.url, SWEEP, name=name, baseline=base))
         print(write_report(ledger, ROOT / "docs" / "report-example.md"))
     return 0

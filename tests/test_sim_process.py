@@ -207,3 +207,22 @@ def test_fail_first_generation_then_serves() -> None:
         body = {"prompt": "a", "max_tokens": 3}
         assert http(s.url + "/v1/completions", body)[0] == 500
         assert http(s.url + "/v1/completions", body)[0] == 200
+
+
+def test_max_running_requests_caps_the_batch_and_queues_the_rest() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with sim("--profile", "eagle3-topk1-v2", "--max-running-requests", "4", "--speed", "5") as s:
+        assert json.loads(http(s.url + "/server_info")[1])["max_running_requests"] == 4
+        body = {"prompt": [1, 2], "max_tokens": 400, "ignore_eos": True}  # ~1 s each at --speed 5
+        with ThreadPoolExecutor(10) as pool:
+            futures = [pool.submit(http, s.url + "/v1/completions", body) for _ in range(10)]
+            deadline = time.monotonic() + 5
+            state: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                state = json.loads(http(s.url + "/server_info")[1])["internal_states"][0]
+                if state["num_running_reqs"] + state["num_queue_reqs"] == 10:
+                    break
+                time.sleep(0.05)
+            assert (state["num_running_reqs"], state["num_queue_reqs"]) == (4, 6)
+            assert [f.result()[0] for f in futures] == [200] * 10

@@ -27,9 +27,11 @@ from builder.errors import InputError
 @click.option("--seed", default=0, show_default=True, type=int, help="seed of the noise model")
 @click.option("--model-path", default="sim/model", show_default=True)
 @click.option("--served-model-name", default=None)
+@click.option("--max-running-requests", default=None, type=click.IntRange(min=1),
+              help="cap on running requests, as in sglang (default: 48 with speculation, else 1024)")
 def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
             warmup_s: float, load_s: float, seed: int, model_path: str,
-            served_model_name: str | None) -> None:
+            served_model_name: str | None, max_running_requests: int | None) -> None:
     """Run the SGLang-compatible simulated server (no GPU)."""
     import asyncio
 
@@ -47,7 +49,7 @@ def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
         raise InputError(f"--fault: {err}") from None
     opts = SimOptions(host=host, port=port, profile=profile, speed=speed, fault=parsed,
                       warmup_s=warmup_s, load_s=load_s, seed=seed, model_path=model_path,
-                      served_model_name=served_model_name)
+                      served_model_name=served_model_name, max_running_requests=max_running_requests)
     try:
         rc = asyncio.run(serve(opts))
     except OSError as err:

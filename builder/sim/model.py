@@ -13,7 +13,7 @@ from builder.sim.profiles import SimProfile
 
 def step_ms(profile: SimProfile, batch: int) -> float:
     t0, a, b = profile.coeffs
-    return t0 + a * batch + b * batch * batch
+    return max(profile.floor_ms, t0 + a * batch + b * batch * batch)
 
 
 def prefill_ms(profile: SimProfile, input_tokens: int) -> float:

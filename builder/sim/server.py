@@ -43,6 +43,8 @@ class SimOptions:
     seed: int = 0
     model_path: str = "sim/model"
     served_model_name: str | None = None
+    # sglang's --max-running-requests; None keeps the profile's default (48 with speculation)
+    max_running_requests: int | None = None
 
     @property
     def model_name(self) -> str:
@@ -56,7 +58,7 @@ def _sse(obj: Any) -> bytes:
 class SimServer:
     def __init__(self, opts: SimOptions) -> None:
         self.opts = opts
-        self.profile: SimProfile = PROFILES[opts.profile]
+        self.profile: SimProfile = PROFILES[opts.profile].with_max_running(opts.max_running_requests)
         self.engine = Engine(self.profile, speed=opts.speed, seed=opts.seed, slow=opts.fault.slow)
         self.hist = metrics.Metrics()
         self.up = False
