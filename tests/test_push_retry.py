@@ -80,20 +80,20 @@ def flaky(registry: str) -> Iterator[FlakyRegistry]:
         thread.join(10)
 
 
-def _tagged(c: Any, base_image: str, proxy: FlakyRegistry, tag: str) -> str:
+def _push(c: Any, base_image: str, proxy: FlakyRegistry, tag: str, attempts: int) -> str:
+    """engine.push of the base image through the proxy; the proxy's tag is removed after."""
     ref = f"127.0.0.1:{proxy.port}/stackbuild-pushtest/base:{tag}"
     c.images.get(base_image).tag(ref)
-    return ref
+    try:
+        return engine.push(c, ref, attempts=attempts)
+    finally:
+        engine.untag(c, ref)
 
 
 def test_transient_503_is_retried_until_the_manifest_lands(
         docker_client: Any, base_image: str, registry: str, flaky: FlakyRegistry) -> None:
     flaky.fail_times = 2
-    ref = _tagged(docker_client, base_image, flaky, "retry")
-    try:
-        digest = engine.push(docker_client, ref, attempts=4)
-    finally:
-        engine.untag(docker_client, ref)
+    digest = _push(docker_client, base_image, flaky, "retry", attempts=4)
     assert flaky.manifest_puts == [503, 503, 200]
     # the manifest is really in the registry behind the proxy, under the digest push reported
     assert manifest_digest(parse_ref(f"{registry}/stackbuild-pushtest/base:retry")) == digest
@@ -102,25 +102,17 @@ def test_transient_503_is_retried_until_the_manifest_lands(
 def test_permanent_403_fails_at_once_with_the_registry_message(
         docker_client: Any, base_image: str, flaky: FlakyRegistry) -> None:
     flaky.fail_status, flaky.fail_times = 403, 10
-    ref = _tagged(docker_client, base_image, flaky, "denied")
-    try:
-        with pytest.raises(engine.PushError) as info:
-            engine.push(docker_client, ref, attempts=4)
-    finally:
-        engine.untag(docker_client, ref)
+    with pytest.raises(engine.PushError) as info:
+        _push(docker_client, base_image, flaky, "denied", attempts=4)
     assert flaky.manifest_puts == [403]
     assert not info.value.transient
-    assert str(info.value).startswith(f"push of {ref} failed: ")
+    assert str(info.value).startswith(f"push of 127.0.0.1:{flaky.port}/stackbuild-pushtest/base:denied failed: ")
 
 
 def test_transient_errors_give_up_after_the_attempts(
         docker_client: Any, base_image: str, flaky: FlakyRegistry) -> None:
     flaky.fail_times = 10
-    ref = _tagged(docker_client, base_image, flaky, "gaveup")
-    try:
-        with pytest.raises(engine.PushError) as info:
-            engine.push(docker_client, ref, attempts=3)
-    finally:
-        engine.untag(docker_client, ref)
+    with pytest.raises(engine.PushError) as info:
+        _push(docker_client, base_image, flaky, "gaveup", attempts=3)
     assert flaky.manifest_puts == [503, 503, 503]
     assert info.value.transient
