@@ -8,9 +8,7 @@ failure, because CI promises the real infrastructure.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -20,10 +18,12 @@ from typing import Any
 
 import pytest
 
+from builder.errors import InfraError
+from builder.host import local
+
 REGISTRY = "127.0.0.1:5000"
 BASE_IMAGE = os.environ.get("STACKBUILD_BASE_IMAGE", "local/debian:bookworm")
 TESTHOST_IMAGE = os.environ.get("STACKBUILD_TESTHOST_IMAGE", "local/stackbuild-testhost:bookworm")
-TESTHOST_LABEL = "dev.stackbuild.testhost"
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
@@ -74,13 +74,6 @@ def base_image(docker_client: Any) -> str:
 
 
 # --------------------------------------------------------------------------- test hosts
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 right now (the caller retries if it loses a race)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -139,28 +132,8 @@ class TestHost:
         return out
 
     def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        state = ""
-        while time.monotonic() < deadline:
-            state = self.exec("systemctl is-system-running 2>/dev/null || true", check=False).strip()
-            if state == "running":
-                break
-            if state == "degraded":
-                raise RuntimeError(
-                    f"{self.name} is degraded: {self.exec('systemctl --failed --no-pager', check=False)}"
-                )
-            time.sleep(0.25)
-        else:
-            raise RuntimeError(f"{self.name}: systemd not running after {timeout:.0f}s (last: {state!r})")
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection((self.host, self.port), timeout=2) as s:
-                    if s.recv(64).startswith(b"SSH-"):
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name}: sshd not answering on {self.host}:{self.port}")
+        """systemd running and this container's own sshd answering (builder.host.local.wait_up)."""
+        local.wait_up(self.name, self.port, timeout)
 
     # Fault injection for deploy tests.
     def stop(self, timeout: int = 10) -> None:
@@ -202,64 +175,27 @@ class TestHost:
 
 
 def _start_testhost(client: Any, workdir: Path, tries: int = 3) -> TestHost:
-    name = f"sb-testhost-{uuid.uuid4().hex[:8]}"
-    hdir = workdir / name
-    hdir.mkdir(parents=True)
-    key = hdir / "id_ed25519"
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)],
-        check=True,
-        stdin=subprocess.DEVNULL,
-    )
-    pubkey = key.with_suffix(".pub").read_text().strip()
+    """A host through builder.host.local, the starter `stackbuild demo` uses, on a fresh port."""
     last: Exception | None = None
     for _ in range(tries):
-        port = free_port()
-        host = TestHost(
-            client=client,
-            name=name,
-            port=port,
-            key_path=key,
-            known_hosts=hdir / "known_hosts",
-            ssh_config=hdir / "ssh_config",
-            workdir=hdir,
-        )
-        client.containers.run(
-            TESTHOST_IMAGE,
-            name=name,
-            detach=True,
-            network_mode="host",
-            cap_add=["SYS_ADMIN"],
-            tmpfs={"/run": "", "/run/lock": ""},
-            volumes={
-                "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
-                "/var/run/docker.sock": {"bind": "/var/run/docker.sock", "mode": "rw"},
-                "/usr/bin/docker": {"bind": "/usr/bin/docker", "mode": "ro"},
-            },
-            environment={"SSHD_PORT": str(port), "SSH_AUTHORIZED_KEY": pubkey},
-            labels={TESTHOST_LABEL: "1"},
-        )
+        name = f"sb-testhost-{uuid.uuid4().hex[:8]}"
         try:
-            host.wait_ready()
-        except RuntimeError as err:  # most likely lost the port race: try another port
+            lh = local.start(workdir / name, name=name, image=TESTHOST_IMAGE)
+        except InfraError as err:  # most likely lost the port race: try another port
             last = err
-            host.remove()
+            local.stop(local.LocalHost(name, 0, Path(), Path()))
             continue
-        _write_ssh_files(host)
+        host = TestHost(client=client, name=name, port=lh.port, key_path=lh.key, known_hosts=lh.known_hosts,
+                        ssh_config=workdir / name / "ssh_config", workdir=workdir / name)
+        host.ssh_config.write_text(
+            f"Host {host.alias}\n"
+            f"  HostName {host.host}\n  Port {host.port}\n  User {host.user}\n"
+            f"  IdentityFile {host.key_path}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {host.known_hosts}\n  StrictHostKeyChecking yes\n"
+            "  BatchMode yes\n  ConnectTimeout 10\n  LogLevel ERROR\n"
+        )
         return host
     raise RuntimeError(f"test host did not come up after {tries} tries: {last}")
-
-
-def _write_ssh_files(h: TestHost) -> None:
-    pubs = h.exec("cat /etc/ssh/ssh_host_*_key.pub").split("\n")
-    h.known_hosts.write_text("".join(f"[{h.host}]:{h.port} {' '.join(p.split()[:2])}\n" for p in pubs if p.strip()))
-    h.ssh_config.write_text(
-        f"Host {h.alias}\n"
-        f"  HostName {h.host}\n  Port {h.port}\n  User {h.user}\n"
-        f"  IdentityFile {h.key_path}\n  IdentitiesOnly yes\n"
-        f"  UserKnownHostsFile {h.known_hosts}\n  StrictHostKeyChecking yes\n"
-        "  BatchMode yes\n  ConnectTimeout 10\n  LogLevel ERROR\n"
-    )
 
 
 @pytest.fixture(scope="session")

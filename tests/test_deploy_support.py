@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.host.local import free_port
+from builder.host.local import LocalHost, free_port
 
 REGISTRY = "127.0.0.1:5000"
 TESTHOST_IMAGE = os.environ.get("STACKBUILD_TESTHOST_IMAGE", "local/stackbuild-testhost:bookworm")
@@ -35,16 +35,9 @@ def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
                           timeout=timeout)
 
 
-@dataclass
-class HostBox:
-    container: str
-    port: int
-    key: Path
-    known_hosts: Path
-
-    @property
-    def target(self) -> str:
-        return f"root@127.0.0.1:{self.port}"
+@dataclass(frozen=True)
+class HostBox(LocalHost):
+    """The local host as the deploy tests use it: out-of-band inspection and CLI args."""
 
     def sh(self, script: str, check: bool = False) -> subprocess.CompletedProcess[str]:
         """Inspect the host out of band (docker exec), never through the deploy's SSH."""

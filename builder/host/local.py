@@ -98,18 +98,50 @@ def start(
             proc.run([DOCKER, "rm", "-f", name], check=False)
         port = port or free_port()
         proc.run(run_argv(name, port, pubkey, image), what=f"start the host container {name}")
+    known.write_text(known_hosts_text(port, wait_up(name, port, timeout_s)))
+    return LocalHost(name, port, key, known)
+
+
+def known_hosts_text(port: int, keys: list[str]) -> str:
+    """known_hosts lines for 127.0.0.1:port from the host's own `TYPE BASE64` public keys."""
+    return "".join(f"[127.0.0.1]:{port} {k}\n" for k in keys)
+
+
+def parse_pubkeys(text: str) -> list[str]:
+    """`TYPE BASE64` of each `ssh_host_*_key.pub` line (the comment dropped)."""
+    return [" ".join(ln.split()[:2]) for ln in text.splitlines() if len(ln.split()) >= 2]
+
+
+def wait_up(name: str, port: int, timeout_s: float = 60) -> list[str]:
+    """Wait until the container's systemd is running and its own sshd answers on the port.
+
+    The keys are read from inside the container and must be the ones the port
+    serves, so a port another sshd took in a race is never trusted. Returns them.
+    """
     deadline = time.monotonic() + timeout_s
+    state = seen = ""
     while time.monotonic() < deadline:
-        scan = proc.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"], check=False, timeout=10)
-        if scan.stdout.strip():
-            known.write_text(scan.stdout)
-            return LocalHost(name, port, key, known)
-        time.sleep(0.5)
+        keys = parse_pubkeys(_exec(name, "cat /etc/ssh/ssh_host_*_key.pub 2>/dev/null"))
+        state = _exec(name, "systemctl is-system-running 2>/dev/null").strip()
+        if state == "degraded":
+            raise InfraError(f"host container {name}: systemd is degraded; see `docker exec {name} "
+                             "systemctl --failed`", output=_exec(name, "systemctl --failed --no-pager"))
+        if keys and state == "running":
+            scan = proc.run(["ssh-keyscan", "-p", str(port), "127.0.0.1"], check=False, timeout=10)
+            seen = scan.stdout
+            if any(k in seen for k in keys):
+                return keys
+        time.sleep(0.3)
     logs = proc.run([DOCKER, "logs", "--tail", "30", name], check=False)
+    why = "another sshd answers there" if seen.strip() else f"systemd {state or 'not answering'}"
     raise InfraError(
-        f"host container {name}: sshd did not answer on 127.0.0.1:{port} within {timeout_s:.0f}s",
+        f"host container {name}: its sshd did not answer on 127.0.0.1:{port} within {timeout_s:.0f}s ({why})",
         output=logs.stdout + logs.stderr,
     )
+
+
+def _exec(name: str, script: str) -> str:
+    return proc.run([DOCKER, "exec", name, "sh", "-c", script], check=False, timeout=30).stdout
 
 
 def stop(host: LocalHost, services: tuple[str, ...] = ()) -> None:
