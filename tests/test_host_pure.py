@@ -311,3 +311,13 @@ def test_report_downtime_sums_outages() -> None:
     r.finish("rolled-back", "x")
     assert r.downtime_s == 1.75
     assert "downtime: 1.75s in 2 outage(s)" in r.render()
+
+
+def test_local_host_known_hosts_come_from_its_own_keys() -> None:
+    from builder.host.local import known_hosts_text, parse_pubkeys
+
+    pubs = "ssh-ed25519 AAAAC3Nz root@box\necdsa-sha2-nistp256 AAAAE2Vj root@box\n\n"
+    keys = parse_pubkeys(pubs)
+    assert keys == ["ssh-ed25519 AAAAC3Nz", "ecdsa-sha2-nistp256 AAAAE2Vj"]
+    assert known_hosts_text(2222, keys) == (
+        "[127.0.0.1]:2222 ssh-ed25519 AAAAC3Nz\n[127.0.0.1]:2222 ecdsa-sha2-nistp256 AAAAE2Vj\n")
