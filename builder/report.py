@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from builder.gate.result import GateResult, LevelResult
-from builder.ledger import DeployRecord, GateRecord, Ledger
+from builder.ledger import BuildRecord, DeployRecord, GateRecord, Ledger
 
+MAX_BUILDS = 10
 STATUS = {"pass": "PASS", "fail": "FAILED", "inconclusive": "INCONCLUSIVE", "reference": "Reference"}
 
 
@@ -54,10 +55,21 @@ class Group:
     conclusion: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class BuildRow:
+    config: str
+    image: str
+    digest: str | None
+    content_hash: str
+    recorded_at: str
+    deployed: str  # where it was last promoted (else its latest deploy), or "not deployed"
+
+
 @dataclass
 class Report:
     groups: list[Group]
     unfiled: list[Row]  # deploys that never reached a gate and name no workload we measured
+    builds: list[BuildRow] = field(default_factory=list)  # newest first
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,7 +137,31 @@ def _cells(res: GateResult) -> dict[int, Cell]:
                                  lv.ci_low, lv.ci_high) for lv in res.levels}
 
 
-def build_report(gates: list[GateRecord], deploys: list[DeployRecord]) -> Report:
+def _deployed(mine: list[DeployRecord]) -> str:
+    """Where the image serves (its latest promotion), else its latest deploy, and how many others."""
+    if not mine:
+        return "not deployed"
+    promoted = [d for d in mine if d.outcome == "promoted"]
+    last = max(promoted or mine, key=lambda d: (d.recorded_at, d.id))
+    text = f"{last.outcome} on {last.host} as {deploy_config(last)}"
+    others = sorted(d.outcome for d in mine if d is not last)
+    if others:
+        counts = ", ".join(f"{others.count(o)} {o}" for o in dict.fromkeys(others))
+        text += f" (other deploys: {counts})"
+    return text
+
+
+def _build_rows(builds: list[BuildRecord], deploys: list[DeployRecord]) -> list[BuildRow]:
+    rows = []
+    for b in sorted(builds, key=lambda b: (b.recorded_at, b.id), reverse=True):
+        mine = [d for d in deploys if (b.digest and d.digest == b.digest) or d.image == b.image]
+        rows.append(BuildRow(f"{b.stack}-{b.variant}" if b.variant else b.stack, b.image, b.digest,
+                             b.content_hash, b.recorded_at, _deployed(mine)))
+    return rows
+
+
+def build_report(gates: list[GateRecord], deploys: list[DeployRecord],
+                 builds: list[BuildRecord] | None = None) -> Report:
     by_group: dict[tuple[str, str], list[GateRecord]] = {}
     for g in sorted(gates, key=lambda g: (g.recorded_at, g.id)):
         by_group.setdefault((g.result.fingerprint, g.host_class), []).append(g)
@@ -158,7 +194,7 @@ def build_report(gates: list[GateRecord], deploys: list[DeployRecord]) -> Report
         group.conclusion = conclude(group, {name: r.result for name, r in current.items()})
         groups.append(group)
     unfiled = [_deploy_row(d) for d in deploys if d.id not in filed and not _gated_deploy(d, gates)]
-    return Report(groups, unfiled)
+    return Report(groups, unfiled, _build_rows(builds or [], deploys))
 
 
 def _speculative(res: GateResult) -> bool:
@@ -289,6 +325,14 @@ def render_markdown(report: Report, plot: str | None = None) -> str:
         out += ["## Deploys without a gate result", "", "| config | status | tok/s | notes |", "|---|---|---|---|"]
         out += [f"| {_esc(r.config)} | {r.status} | — | {_esc(r.notes)} |" for r in report.unfiled]
         out.append("")
+    if report.builds:
+        shown = report.builds[:MAX_BUILDS]
+        out += ["## Builds", "", "| config | image | digest | deployed | built |", "|---|---|---|---|---|"]
+        out += [f"| {_esc(b.config)} | `{b.image}` | {f'`{b.digest}`' if b.digest else 'not pushed'} | "
+                f"{_esc(b.deployed)} | {b.recorded_at} |" for b in shown]
+        if len(report.builds) > len(shown):
+            out.append(f"\n{len(report.builds) - len(shown)} older builds not shown (`stackbuild report --json`).")
+        out.append("")
     return "\n".join(out)
 
 
@@ -313,7 +357,7 @@ def _variant_table(g: Group, name: str) -> list[str]:
 
 def write_report(ledger: Ledger, out: Path, *, plot: bool = True) -> Path:
     """Write the Markdown report (and its plot next to it) atomically; return the report path."""
-    report = build_report(ledger.gate_runs(), ledger.deploys())
+    report = build_report(ledger.gate_runs(), ledger.deploys(), ledger.builds())
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_name = None
     if plot and report.groups and report.groups[0].cells:

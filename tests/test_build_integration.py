@@ -83,6 +83,28 @@ def test_promote_cli_prints_channel_and_digest(sim_built: BuildResult, capsys: p
     assert capsys.readouterr().out.strip().endswith(f":canary -> {sim_built.digest}")
 
 
+def test_build_cli_records_the_build_once_in_the_ledger(
+    sim_built: BuildResult, registry: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from builder.ledger import Ledger
+    from builder.render import render_stack
+
+    db = tmp_path / "ledger.db"
+    argv = ["build", "sim", "--push", "--registry", f"{registry}/{TEST_REPO}", "--ledger", str(db)]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == sim_built.repo_digest  # found in the registry, not rebuilt
+    assert f"ledger: recorded the build of {sim_built.image} in {db}" in err
+    assert main(argv) == 0  # the same image again: not a second row
+    with Ledger(db) as ledger:
+        (b,) = ledger.builds()
+    assert (b.stack, b.variant, b.image, b.digest, b.content_hash) == (
+        "sim", None, sim_built.image, sim_built.digest, sim_built.hash)
+    assert b.lock == render_stack(load_stack("sim", root=REPO_ROOT)).lock
+    report = (tmp_path / "report.md").read_text()
+    assert f"| sim | `{sim_built.image}` | `{sim_built.digest}` | not deployed |" in report
+
+
 def test_dry_run_prints_command_and_context(sim_built: BuildResult, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", "sim", "--dry-run", "--registry", sim_built.image.split(":sim-")[0]]) == 0
     err = capsys.readouterr().err

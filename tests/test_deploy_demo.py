@@ -30,6 +30,9 @@ def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
     assert "=== results" in out
     table = out.split("=== results", 1)[1]
     assert "baseline" in table and "slower" in table and "rolled-back" in table
+    # the build is in the ledger too, linked to the deploy that promoted it
+    builds = table.split("## Builds", 1)[1]
+    assert "| sim | `127.0.0.1:5000/stackbuild:sim-" in builds and "promoted on root@127.0.0.1:" in builds
     assert "demo: exit codes: baseline=0" in out
     gone = subprocess.run(["/usr/bin/docker", "inspect", name], capture_output=True)
     assert gone.returncode != 0, "--remove-host left the host container behind"

@@ -154,3 +154,34 @@ def test_per_variant_table_has_medians_ci_runs_and_verdicts(ledger: Ledger) -> N
         "| 250 | 718.1 | 353.0 | 0.492 | [0.482, 0.502] | 25000.0 / 25000.0 | 1 | FAILED |",
     ]
     assert "**baseline** vs" not in md  # the reference gets no table against itself
+
+
+def test_builds_section_links_each_image_to_its_latest_deploy() -> None:
+    from builder.ledger import BuildRecord, DeployRecord
+
+    def build(i: int, at: str, variant: str | None, image: str, digest: str | None) -> BuildRecord:
+        return BuildRecord(id=i, recorded_at=at, stack="cuda13", variant=variant, image=image, digest=digest,
+                           content_hash=f"{i}" * 64, lock={"sglang": "0.5.23"})
+
+    def deploy(i: int, at: str, digest: str, outcome: str) -> DeployRecord:
+        return DeployRecord(id=i, recorded_at=at, host="root@gpu1", stack="cuda13", variant=None, config="cuda13",
+                            image="r/sb:cuda13-aaa", digest=digest, strategy="swap", outcome=outcome,
+                            crash_signature=None, durations={}, downtime_s=None, cause=None, fingerprint=None,
+                            host_class=None)
+
+    builds = [build(1, "2026-11-01T00:00:00", None, "r/sb:cuda13-aaa", "sha256:a"),
+              build(2, "2026-11-02T00:00:00", "eagle3-topk1", "r/sb:cuda13-eagle3-topk1-bbb", None)]
+    deploys = [deploy(1, "2026-11-01T01:00:00", "sha256:a", "rolled-back"),
+               deploy(2, "2026-11-01T02:00:00", "sha256:a", "promoted"),
+               deploy(3, "2026-11-01T03:00:00", "sha256:a", "rolled-back")]
+    report = build_report([], deploys, builds)
+    assert [(b.config, b.deployed) for b in report.builds] == [
+        ("cuda13-eagle3-topk1", "not deployed"),
+        ("cuda13", "promoted on root@gpu1 as cuda13 (other deploys: 2 rolled-back)")]
+    text = render_markdown(report)
+    assert text.split("## Builds\n\n", 1)[1] == (
+        "| config | image | digest | deployed | built |\n|---|---|---|---|---|\n"
+        "| cuda13-eagle3-topk1 | `r/sb:cuda13-eagle3-topk1-bbb` | not pushed | not deployed | 2026-11-02T00:00:00 |\n"
+        "| cuda13 | `r/sb:cuda13-aaa` | `sha256:a` | promoted on root@gpu1 as cuda13 (other deploys: 2 rolled-back) "
+        "| 2026-11-01T00:00:00 |\n")
+    assert report.to_json()["builds"][1]["digest"] == "sha256:a"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,6 +16,8 @@ import click
 @click.option("--no-cache", is_flag=True, help="ignore BuildKit's layer cache")
 @click.option("--dry-run", is_flag=True, help="print the build command and context; build nothing")
 @click.option("--progress", type=click.Choice(["auto", "tty", "plain"]), default="auto", show_default=True)
+@click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Ledger file the build is recorded in (default: .stackbuild/ledger.db under the project root).")
 @click.pass_context
 def build_cmd(
     ctx: click.Context,
@@ -25,15 +28,19 @@ def build_cmd(
     no_cache: bool,
     dry_run: bool,
     progress: str,
+    ledger: Path | None,
 ) -> None:
     """Build the stack image with BuildKit, smoke-test it, push it."""
     from builder.image import build_stack
+    from builder.ledger import default_ledger_path
+    from builder.paths import stack_root
+    from builder.spec import load_stack
 
     root: Path | None = (ctx.obj or {}).get("root")
+    spec = load_stack(stack, root=root, variant=variant)
     result = build_stack(
-        stack,
+        spec,
         root=root,
-        variant=variant,
         registry=registry,
         push=push,
         no_cache=no_cache,
@@ -41,7 +48,23 @@ def build_cmd(
         progress=None if progress == "auto" else progress,
     )
     if not dry_run:
+        record_build(spec, result, ledger or default_ledger_path(stack_root(root)))
         click.echo(result.repo_digest or result.image)
+
+
+def record_build(spec: Any, result: Any, path: Path) -> None:
+    """Every image built (or first seen by this ledger) lands in the ledger with its lock."""
+    from builder.ledger import Ledger, update_report
+    from builder.render import render_stack
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with Ledger(path) as db:
+        if any(b.image == result.image and b.digest == result.digest for b in db.builds()):
+            return
+        db.record_build(stack=spec.name, variant=spec.variant, image=result.image, digest=result.digest,
+                        content_hash=result.hash, lock=render_stack(spec).lock)
+    click.echo(f"ledger: recorded the build of {result.image} in {path}", err=True)
+    click.echo(f"report: {update_report(path)}", err=True)
 
 
 @click.command("promote")

@@ -48,6 +48,7 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str)
     _ensure_infra(root)
     base = load_stack("sim", root=(ctx.obj or {}).get("root"))
     click.echo(f"demo: building {base.label} with BuildKit and pushing it to {registry}")
+    from builder.commands.build_cmds import record_build
     from builder.image import build_stack
 
     built = build_stack(base, registry=registry, push=True)
@@ -55,11 +56,12 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str)
         raise InfraError("demo: the build pushed no digest; cannot deploy by digest")
     image = pin(built.image, built.digest)
     click.echo(f"demo: image {image}")
+    ledger = root / ".stackbuild" / "ledger.db"
+    record_build(base, built, ledger)
 
     work = root / ".stackbuild" / "demo"
     host = local.start(work, name=host_name)
     click.echo(f"demo: host container {host.container} on {host.target}")
-    ledger = root / ".stackbuild" / "ledger.db"
     reports: list[DeployReport] = []
     ssh = SshOptions(known_hosts=host.known_hosts, key_filename=str(host.key))
     codes: list[tuple[str, int]] = []

@@ -29,7 +29,7 @@ def report_cmd(ctx: click.Context, ledger: Path | None, out: Path | None, as_jso
                          "or pass --ledger")
     with Ledger(path) as db:
         if as_json:
-            click.echo(json.dumps(build_report(db.gate_runs(), db.deploys()).to_json(), indent=2))
+            click.echo(json.dumps(build_report(db.gate_runs(), db.deploys(), db.builds()).to_json(), indent=2))
             return
         written = write_report(db, out or report_path_for(path), plot=not no_plot)
     click.echo(f"report: {written}")
