@@ -6,8 +6,13 @@ uses) after resetting the simulator's ground-truth counters. Truth is
 GET /sim/stats: tokens written to clients / (last token write - first request
 arrival). Also prints the client's CPU seconds per 1000 streamed tokens.
 
-sglang's own client (python -m sglang.bench_serving) cannot run here: it imports
-transformers and needs a tokenizer download, and this machine has neither.
+sglang's own client (python -m sglang.bench_serving, now sglang.benchmark.serving)
+cannot run here. Tried with sglang 0.5.23 installed --no-deps plus its client's
+imports (transformers, msgspec, orjson, ...) and the CPU build of torch: the client
+imports sglang.srt.disaggregation.utils, which pulls in the model config, the
+quantization layers and the communication kernels (triton, tvm_ffi, sgl-kernel),
+i.e. the whole CUDA server stack; and its random dataset needs a Hugging Face
+tokenizer download. No other public serving benchmark runs without one of those.
 
 Last line: `gate_accuracy: max_error_pct=X cpu_s_per_1k_tokens=Y`.
 """
