@@ -12,7 +12,7 @@ imports (transformers, msgspec, orjson, ...) and the CPU build of torch: the cli
 imports sglang.srt.disaggregation.utils, which pulls in the model config, the
 quantization layers and the communication kernels (triton, tvm_ffi, sgl-kernel),
 i.e. the whole CUDA server stack; and its random dataset needs a Hugging Face
-tokenizer download. No other public serving benchmark runs without one of those.
+tokenizer download. `--raw` is the side-by-side client instead: a bare asyncio one.
 
 Last line: `gate_accuracy: max_error_pct=X cpu_s_per_1k_tokens=Y`.
 """
