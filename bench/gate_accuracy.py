@@ -126,16 +126,16 @@ def calibration(speed: float) -> None:
     print(f"calibration over HTTP at --speed {speed:g}, figures divided by the speed:")
     for name, users in USERS.items():
         row = []
-        profile = PROFILES[name]
-        cap = ("--max-running-requests", "256") if profile.speculative else ()
-        with sim("--speed", str(speed), "--profile", name, *cap) as s:
+        profile = PROFILES[name].as_measured()
+        cap = str(profile.max_running)
+        with sim("--speed", str(speed), "--profile", name, "--max-running-requests", cap) as s:
             for (c, out_len, rps), want in zip(((1, 256, 4), (30, 128, 2), (250, 128, 2)),
                                                users, strict=True):
                 wl = Workload(input_len=128, output_len=out_len, warmup=0, concurrency=(c,),
                               requests_per_slot=rps, timeout_s=600)
                 run = asyncio.run(loadgen.run_once(s.url, wl, c, 0))
                 got = run.output_tok_s / speed
-                model = steady_tok_s(profile.with_max_running(256 if cap else None), c)
+                model = steady_tok_s(profile, c)
                 ref = f"users {want:6.1f} ({(got / want - 1) * 100:+5.1f}%)" if want else "users    n/a"
                 row.append(f"C={c}: {got:6.1f} (model {model:6.1f}, {ref})")
         print(f"  {name:16s} " + "  ".join(row), flush=True)

@@ -19,8 +19,9 @@ USERS = {
 
 
 def calibrated(name: str) -> SimProfile:
-    p = PROFILES[name]
-    return p.with_max_running(256) if p.speculative else p
+    p = PROFILES[name].as_measured()
+    assert p.max_running == (256 if p.speculative else 1024)  # the stacks' --max-running-requests
+    return p
 
 
 @pytest.mark.parametrize("name", sorted(USERS))

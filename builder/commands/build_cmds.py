@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from builder.image import BuildResult
+    from builder.spec import Stack
 
 
 @click.command("build")
@@ -52,7 +56,7 @@ def build_cmd(
         click.echo(result.repo_digest or result.image)
 
 
-def record_build(spec: Any, result: Any, path: Path) -> None:
+def record_build(spec: Stack, result: BuildResult, path: Path) -> None:
     """Every image built (or first seen by this ledger) lands in the ledger with its lock."""
     from builder.ledger import Ledger, update_report
     from builder.render import render_stack

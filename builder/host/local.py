@@ -120,8 +120,10 @@ def wait_up(name: str, port: int, timeout_s: float = 60) -> list[str]:
     """
     deadline = time.monotonic() + timeout_s
     state = seen = ""
+    keys: list[str] = []
     while time.monotonic() < deadline:
-        keys = parse_pubkeys(_exec(name, "cat /etc/ssh/ssh_host_*_key.pub 2>/dev/null"))
+        # generated once at first boot: read until they exist, then keep them
+        keys = keys or parse_pubkeys(_exec(name, "cat /etc/ssh/ssh_host_*_key.pub 2>/dev/null"))
         state = _exec(name, "systemctl is-system-running 2>/dev/null").strip()
         if state == "degraded":
             raise InfraError(f"host container {name}: systemd is degraded; see `docker exec {name} "

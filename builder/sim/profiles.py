@@ -5,8 +5,8 @@ users' notes seeds/004_f0daea3947b3a44f.txt, CUDA 13.0.1, 8x RTX PRO 6000
 Blackwell, TP=8), output tok/s at concurrency C:
 
   baseline          C=1 92.7   C=30 689.4   C=250 718.1   peak ~773
-  eagle3-topk1-v2   C=1 86.8   C=30 759.3   C=250 754.4   peak ~775
-  eagle3-topk1-v2   "matches or beats baseline at every C from 2 to 250" (their words).
+  eagle3-topk1-v2   C=1 86.8   C=30 759.3   C=250 754.4   peak ~775, and
+                    "matches or beats baseline at every C from 2 to 250" (their words).
                     Its peak (~775) is placed at C=80 (an assumption: the notes give
                     the value, not where).
   eagle3-topk4-v1   plateau ~353 (no per-C figures). Its C=1 anchor (85.0) is an
@@ -83,6 +83,10 @@ class SimProfile:
     def with_max_running(self, cap: int | None) -> SimProfile:
         """This profile under `--max-running-requests cap` (None: sglang's default)."""
         return self if cap is None else replace(self, max_running=cap)
+
+    def as_measured(self) -> SimProfile:
+        """This profile under the cap the users' anchors were measured with."""
+        return self.with_max_running(self.anchor_max_running)
 
     @property
     def mean_accept(self) -> float:
