@@ -181,9 +181,8 @@ def _start_testhost(client: Any, workdir: Path, tries: int = 3) -> TestHost:
         name = f"sb-testhost-{uuid.uuid4().hex[:8]}"
         try:
             lh = local.start(workdir / name, name=name, image=TESTHOST_IMAGE)
-        except InfraError as err:  # most likely lost the port race: try another port
+        except InfraError as err:  # most likely lost the port race (start removed it): try another port
             last = err
-            local.stop(local.LocalHost(name, 0, Path(), Path()))
             continue
         host = TestHost(client=client, name=name, port=lh.port, key_path=lh.key, known_hosts=lh.known_hosts,
                         ssh_config=workdir / name / "ssh_config", workdir=workdir / name)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.request
+import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,3 +57,16 @@ def test_two_hosts_run_side_by_side(testhost_factory: Any) -> None:
     assert a.port != b.port
     cmd = "cat /etc/ssh/ssh_host_ed25519_key.pub"
     assert a.ssh(cmd).stdout != b.ssh(cmd).stdout
+
+
+def test_a_host_that_never_comes_up_is_not_left_behind(docker_client: Any, tmp_path: Path) -> None:
+    import docker.errors
+
+    from builder.errors import InfraError
+    from builder.host import local
+
+    name = f"sb-testhost-timeout-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(InfraError, match=f"host container {name}: its sshd did not answer"):
+        local.start(tmp_path, name=name, timeout_s=0.05)
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(name)

@@ -91,14 +91,21 @@ def start(
     env = dict(
         ln.split("=", 1) for ln in running.stdout.partition("|")[2].splitlines() if "=" in ln
     )
-    if running.stdout.startswith("true") and env.get("SSH_AUTHORIZED_KEY") == pubkey:
+    reused = running.stdout.startswith("true") and env.get("SSH_AUTHORIZED_KEY") == pubkey
+    if reused:
         port = int(env.get("SSHD_PORT", "0"))
     else:
         if running.returncode == 0:
             proc.run([DOCKER, "rm", "-f", name], check=False)
         port = port or free_port()
         proc.run(run_argv(name, port, pubkey, image), what=f"start the host container {name}")
-    known.write_text(known_hosts_text(port, wait_up(name, port, timeout_s)))
+    try:
+        keys = wait_up(name, port, timeout_s)
+    except InfraError:
+        if not reused:  # a host this call made and that never came up is not left behind
+            proc.run([DOCKER, "rm", "-f", name], check=False)
+        raise
+    known.write_text(known_hosts_text(port, keys))
     return LocalHost(name, port, key, known)
 
 
