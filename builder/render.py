@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -180,7 +181,13 @@ def _arch_list(stack: Stack, plus_ptx: bool) -> str:
     return ";".join(nums) + ("+PTX" if plus_ptx and nums else "")
 
 
-def render_stack(stack: Stack) -> Rendered:
+def render_stack(stack: Stack, inputs: Mapping[str, str] | None = None) -> Rendered:
+    """Every file of the stack, and the one content hash that names its image.
+
+    `inputs` are digests of build-context files rendering does not produce (the
+    sim image's wheelhouse: see `image.context.context_inputs`); the build passes
+    the same ones, so the tag in the unit is the tag the build makes.
+    """
     env = make_env()
     ctx = {
         "stack": stack,
@@ -195,6 +202,8 @@ def render_stack(stack: Stack) -> Rendered:
     for p in stack.patches:
         h.update(p.sha256.encode())
     h.update(json.dumps(_lock(stack, ""), sort_keys=True).encode())
+    for rel, digest in sorted((inputs or {}).items()):
+        h.update(f"\n{rel} {digest}".encode())
     content_hash = h.hexdigest()
     lock = _lock(stack, content_hash)
     lock_json = json.dumps(lock, indent=2, sort_keys=True) + "\n"

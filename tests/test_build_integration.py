@@ -56,6 +56,20 @@ def test_sim_image_is_tagged_labelled_and_pushed(docker_client: Any, sim_built: 
     assert not [t for t in tags if "-partial" in t and TEST_REPO in t]
 
 
+def test_render_and_build_dry_run_name_the_tag_the_build_makes(
+    sim_built: BuildResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One hash, one tag: the unit `render` writes, `build --dry-run` and the real build agree."""
+    reg = sim_built.image.rsplit(":", 1)[0]
+    assert main(["render", "sim", "--out", str(tmp_path / "out")]) == 0
+    unit = (tmp_path / "out" / "units" / "stackbuild-sim.service").read_text()
+    assert f"127.0.0.1:5000/stackbuild:{sim_built.tag} " in unit
+    capsys.readouterr()
+    assert main(["build", "sim", "--dry-run", "--registry", reg]) == 0
+    dry = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("image: ")]
+    assert dry == [f"image: {sim_built.image}"]
+
+
 def test_second_build_is_skipped_with_same_digest(sim_built: BuildResult, registry: str) -> None:
     lines: list[str] = []
     again = build_stack("sim", root=REPO_ROOT, registry=f"{registry}/{TEST_REPO}", push=True, echo=lines.append)

@@ -84,19 +84,38 @@ def test_stage_progress_counts_steps_per_stage() -> None:
     assert sp.stages == {"torch": [1, 2], "sglang": [1, 3]}
 
 
-def test_content_hash_is_order_free_and_covers_files_and_base() -> None:
-    a = context.content_hash({"Dockerfile": "1", "patches/p": "2"}, "sha256:b")
-    assert a == context.content_hash({"patches/p": "2", "Dockerfile": "1"}, "sha256:b")
-    assert a != context.content_hash({"Dockerfile": "1", "patches/p": "3"}, "sha256:b")
-    assert a != context.content_hash({"Dockerfile": "1", "patches/p": "2"}, "sha256:c")
-    assert a != context.content_hash({"Dockerfile": "1"}, "sha256:b")
-    assert len(a) == 64
+def test_context_inputs_only_for_a_wheelhouse_and_keyed_by_sources(tmp_path: Path) -> None:
+    assert context.context_inputs("FROM x AS base\nRUN true\n", "3.11") == {}
+    root = context.project_root()
+    got = context.context_inputs("COPY wheelhouse/app/ /w/\n", "3.11")
+    assert got == {
+        "wheelhouse/app": context.project_source_hash(root),
+        "wheelhouse/deps": context.deps_key("3.11", root),
+    }
+    assert context.context_inputs("COPY wheelhouse/app/ /w/\n", "3.12")["wheelhouse/deps"] != got["wheelhouse/deps"]
 
 
-def test_image_tag_shape() -> None:
-    assert context.image_tag("127.0.0.1:5000/sb", "sim-slower", "0123456789abcdef") == (
-        "127.0.0.1:5000/sb:sim-slower-0123456789ab"
-    )
+def test_sim_image_hash_covers_the_wheelhouse_and_the_unit_names_that_tag() -> None:
+    from builder.render import render_stack
+    from builder.spec import load_stack
+
+    stack = load_stack("sim")
+    plain = render_stack(stack)
+    ours = context.rendered_for_image(stack)
+    assert ours.content_hash != plain.content_hash
+    x, y = ({"wheelhouse/app": v} for v in "xy")
+    assert render_stack(stack, x).content_hash != render_stack(stack, y).content_hash
+    unit = ours.files["units/stackbuild-sim.service"]
+    assert f"stackbuild:sim-{ours.hash12} " in unit
+    assert f'dev.stackbuild.hash="{ours.content_hash}"' in ours.files["Dockerfile"]
+
+
+def test_a_stack_without_wheelhouse_hashes_as_rendered() -> None:
+    from builder.render import render_stack
+    from builder.spec import load_stack
+
+    stack = load_stack("cuda13")
+    assert context.rendered_for_image(stack).content_hash == render_stack(stack).content_hash
 
 
 @pytest.mark.parametrize(

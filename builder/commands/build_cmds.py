@@ -59,14 +59,13 @@ def build_cmd(
 def record_build(spec: Stack, result: BuildResult, path: Path) -> None:
     """Every image built (or first seen by this ledger) lands in the ledger with its lock."""
     from builder.ledger import Ledger, update_report
-    from builder.render import render_stack
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with Ledger(path) as db:
         if any(b.image == result.image and b.digest == result.digest for b in db.builds()):
             return
         db.record_build(stack=spec.name, variant=spec.variant, image=result.image, digest=result.digest,
-                        content_hash=result.hash, lock=render_stack(spec).lock)
+                        content_hash=result.hash, lock=result.lock)
     click.echo(f"ledger: recorded the build of {result.image} in {path}", err=True)
     click.echo(f"report: {update_report(path)}", err=True)
 

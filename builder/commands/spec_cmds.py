@@ -148,7 +148,7 @@ def render_cmd(
 ) -> None:
     """Render the Dockerfile, systemd units and stack.lock.json of STACK."""
     from builder.cli import set_exit
-    from builder.render import render_stack
+    from builder.image.context import rendered_for_image
     from builder.spec import load_stack
 
     spec = load_stack(stack, root=_root(ctx), variant=variant)
@@ -158,7 +158,7 @@ def render_cmd(
         click.echo(str(f), err=True)
     if errors:
         raise InputError(f"{len(errors)} error(s): fix them before rendering; nothing was written")
-    rendered = render_stack(spec)
+    rendered = rendered_for_image(spec)
     dest, files = outputs_for(spec.label, rendered.files, out, spec.root)
     if check:
         stale = [

@@ -74,9 +74,10 @@ def resolve_image(args: DeployArgs, echo: Callable[[str], None]) -> tuple[str, s
     if args.image:
         return args.image, split_pinned(args.image)[1]
     if args.dry_run:
-        from builder.render import image_ref, render_stack
+        from builder.image.context import rendered_for_image
+        from builder.render import image_ref
 
-        ref = image_ref(args.stack, render_stack(args.stack).content_hash, args.registry)
+        ref = image_ref(args.stack, rendered_for_image(args.stack).content_hash, args.registry)
         echo(f"would build and push {ref}, then deploy it by digest")
         return pin(ref, "sha256:" + "0" * 64), "sha256:" + "0" * 64
     if not args.registry:

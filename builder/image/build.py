@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class BuildResult:
     digest: str | None  # registry manifest digest, when pushed or found there
     skipped: bool
     log_path: str | None = None
+    lock: dict[str, Any] = field(default_factory=dict)  # stack.lock.json of the image
 
     @property
     def repo_digest(self) -> str | None:
@@ -49,6 +50,7 @@ class Plan:
     registry: str | None  # HOST:PORT/REPO when the image goes to / comes from a registry
     ref: str
     hash: str
+    lock: dict[str, Any]
     request: buildkit.BuildRequest
     builder: buildkit.Builder
     ctx: context.Context
@@ -103,7 +105,7 @@ def build_stack(
             push=push,
         )
         _print_dry_run(plan, echo, daemon=c is not None)
-        return BuildResult(plan.ref, plan.ref.rsplit(":", 1)[1], plan.hash, None, None, skipped=True)
+        return BuildResult(plan.ref, plan.ref.rsplit(":", 1)[1], plan.hash, None, None, skipped=True, lock=plan.lock)
     with tempfile.TemporaryDirectory(prefix="stackbuild-ctx-") as tmp:
         plan = _plan(stack, target, Path(tmp), c, no_cache=no_cache, progress=progress, push=push)
         with _lock(plan.hash):
@@ -127,16 +129,15 @@ def _ping_soft(target: str, echo: Echo) -> None:
 def _plan(
     stack: Stack, target: str | None, tmp: Path, c: Any, *, no_cache: bool, progress: str | None, push: bool
 ) -> Plan:
-    from builder.render import render_stack
+    from builder.render import image_ref
 
-    rendered = render_stack(stack)
+    rendered = context.rendered_for_image(stack)
     ctx = context.assemble(rendered.files, tmp / "context", python=stack.python)
-    base = engine.image_attrs(c, stack.base_image) if c is not None else None
-    if c is not None and base is None and stack.base_image.startswith("local/"):
+    if c is not None and stack.base_image.startswith("local/") and engine.image_attrs(c, stack.base_image) is None:
         raise InfraError(f"base image {stack.base_image} is absent; make it with: bash scripts/infra/up.sh")
-    digest = context.content_hash(ctx.digests, base["Id"] if base else None)
+    digest = rendered.content_hash
     repo = target or "stackbuild"
-    ref = context.image_tag(repo, stack.label, digest)
+    ref = image_ref(stack, digest, repo)
     dockerfile = rendered.files["Dockerfile"]
     build_args: dict[str, str] = {}
     if "ARG MAX_JOBS" in dockerfile:
@@ -147,7 +148,7 @@ def _plan(
     request = buildkit.BuildRequest(
         context=ctx.dir,
         tag=f"{ref}-partial{os.getpid()}",
-        labels={"dev.stackbuild.hash": digest, "dev.stackbuild.render-hash": rendered.content_hash},
+        labels={},  # the Dockerfile's own LABELs carry the hash and the lock
         build_args=build_args,
         secrets=_secret_files(stack, tmp / "secrets"),
         cache_from=(cache_ref,) if cache_ref and not no_cache and _exists(cache_ref) else (),
@@ -157,7 +158,7 @@ def _plan(
         iidfile=tmp / "iid",
     )
     display = progress or ("tty" if sys.stderr.isatty() else "plain")
-    return Plan(stack, repo, target, ref, digest, request, builder, ctx, display)
+    return Plan(stack, repo, target, ref, digest, rendered.lock, request, builder, ctx, display)
 
 
 def _exists(ref: str) -> bool:
@@ -185,8 +186,7 @@ def _secret_files(stack: Stack, d: Path) -> dict[str, Path]:
 
 def _print_dry_run(plan: Plan, echo: Echo, *, daemon: bool) -> None:
     echo(f"builder: {plan.builder.description}")
-    note = "" if daemon else " (daemon not reachable: the hash leaves out the base image id)"
-    echo(f"image: {plan.ref}{note}")
+    echo(f"image: {plan.ref}" + ("" if daemon else " (docker daemon not reachable)"))
     echo("command: DOCKER_BUILDKIT=1 " + shlex.join(plan.argv))
     echo(f"context ({plan.ctx.dir}):")
     for rel in sorted(plan.ctx.digests):
@@ -209,10 +209,10 @@ def _execute(plan: Plan, c: Any, *, push: bool, echo: Echo) -> BuildResult:
     if local is not None and engine.labels_of(local).get("dev.stackbuild.hash") == plan.hash:
         echo(f"skipped: {plan.ref} already exists locally (same content hash)")
         digest = _ensure_pushed(plan, c, echo) if push else _registry_digest(plan)
-        return BuildResult(plan.ref, tag, plan.hash, str(local["Id"]), digest, skipped=True)
+        return BuildResult(plan.ref, tag, plan.hash, str(local["Id"]), digest, skipped=True, lock=plan.lock)
     if plan.registry and (remote := _registry_digest(plan)):
         echo(f"skipped: {plan.ref} already exists in the registry ({remote})")
-        return BuildResult(plan.ref, tag, plan.hash, None, remote, skipped=True)
+        return BuildResult(plan.ref, tag, plan.hash, None, remote, skipped=True, lock=plan.lock)
     log_path = (
         context.cache_dir() / "logs" / f"{plan.stack.label}-{plan.hash[:12]}-{time.strftime('%Y%m%dT%H%M%S')}.log"
     )
@@ -235,7 +235,9 @@ def _execute(plan: Plan, c: Any, *, push: bool, echo: Echo) -> BuildResult:
         engine.untag(c, partial)
     echo(f"built {plan.ref} ({image_id})")
     digest = _ensure_pushed(plan, c, echo) if push else None
-    return BuildResult(plan.ref, tag, plan.hash, image_id, digest, skipped=False, log_path=str(log_path))
+    return BuildResult(
+        plan.ref, tag, plan.hash, image_id, digest, skipped=False, log_path=str(log_path), lock=plan.lock
+    )
 
 
 def _registry_digest(plan: Plan) -> str | None:

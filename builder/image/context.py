@@ -1,8 +1,12 @@
-"""The build context (rendered files, patches, wheelhouse), its content hash, and build parallelism.
+"""The build context (rendered files, patches, wheelhouse), what of it the content hash covers, and build parallelism.
 
-The hash covers everything that changes the image: every file in the context
-and the base image's id. The project wheel is hashed by the sources it is built
-from, not its bytes, so two machines with the same checkout agree on the tag.
+There is one content hash, `render_stack`'s: the Dockerfile body, the patches,
+the lock, plus the digests of context files rendering does not write (the
+wheelhouse). `rendered_for_image` is the one place both `render` and `build`
+get it from, so the tag a unit names is the tag a build makes. The project wheel
+is hashed by the sources it is built from, not its bytes, so two machines with
+the same checkout agree on the tag; its dependencies by the requirements they
+are downloaded for.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from pathlib import Path
 
 from builder import proc
 from builder.errors import InputError
+from builder.render import Rendered, render_stack
+from builder.spec import Stack
 
-HASH_LEN = 12
 WHEELHOUSE = "wheelhouse"
 # What the project wheel is built from; anything else in the checkout does not reach the image.
 PROJECT_INPUTS = ("pyproject.toml", "README.md", "builder", "stacks", "templates")
@@ -29,20 +34,6 @@ PROJECT_INPUTS = ("pyproject.toml", "README.md", "builder", "stacks", "templates
 
 def cache_dir() -> Path:
     return Path(os.environ.get("STACKBUILD_CACHE_DIR") or Path.home() / ".cache" / "stackbuild")
-
-
-def content_hash(file_digests: Mapping[str, str], base_id: str | None) -> str:
-    """sha256 over (path, digest) pairs in path order plus the base image id (pure)."""
-    h = hashlib.sha256()
-    h.update(f"base {base_id or '-'}\n".encode())
-    for path in sorted(file_digests):
-        h.update(f"{path} {file_digests[path]}\n".encode())
-    return h.hexdigest()
-
-
-def image_tag(repo: str, label: str, digest: str) -> str:
-    """REPO:STACK[-VARIANT]-HASH12."""
-    return f"{repo}:{label}-{digest[:HASH_LEN]}"
 
 
 def sha256_file(path: Path) -> str:
@@ -168,10 +159,15 @@ def _atomic_dir(final: Path, fill: Callable[[Path], None]) -> Path:
     return final
 
 
+def deps_key(python: str, root: Path) -> str:
+    """What the dependency wheelhouse is downloaded for: interpreter, machine, requirements."""
+    return hashlib.sha256(json.dumps([python, platform.machine(), runtime_requirements(root)]).encode()).hexdigest()
+
+
 def deps_wheels(python: str, root: Path) -> Path:
     """Cached dir of the runtime dependencies' wheels + a pinned requirements.txt."""
+    key = deps_key(python, root)[:16]
     reqs = runtime_requirements(root)
-    key = hashlib.sha256(json.dumps([python, platform.machine(), reqs]).encode()).hexdigest()[:16]
 
     def fill(tmp: Path) -> None:
         (tmp / "top.txt").write_text("\n".join(reqs) + "\n")
@@ -199,6 +195,21 @@ def app_wheel(root: Path) -> tuple[Path, str]:
 
 def needs_wheelhouse(dockerfile: str) -> bool:
     return f"{WHEELHOUSE}/" in dockerfile
+
+
+def context_inputs(dockerfile: str, python: str) -> dict[str, str]:
+    """Digests of the context files rendering does not write, keyed like the context's paths."""
+    if not needs_wheelhouse(dockerfile):
+        return {}
+    root = project_root()
+    return {f"{WHEELHOUSE}/app": project_source_hash(root), f"{WHEELHOUSE}/deps": deps_key(python, root)}
+
+
+def rendered_for_image(stack: Stack) -> Rendered:
+    """The stack rendered with its context inputs: the files, the hash and the tag a build uses."""
+    rendered = render_stack(stack)
+    inputs = context_inputs(rendered.files["Dockerfile"], stack.python)
+    return render_stack(stack, inputs) if inputs else rendered
 
 
 @dataclass(frozen=True)
