@@ -191,13 +191,18 @@ def _read(ref: StackRef) -> Located:
 
 
 def deep_merge(base: Any, over: Any) -> Any:
-    """Mappings merge key by key; anything else (lists too) is replaced; null deletes a key."""
+    """Mappings merge key by key; anything else (lists too) is replaced; null deletes an inherited key.
+
+    Deleting (not storing None) lets the model's default apply, as `runtime: {shm_size: null}`
+    means "not what the parent says"; a null with nothing to delete stays, for optional keys.
+    """
     if isinstance(base, dict) and isinstance(over, dict):
         out = dict(base)
         for k, v in over.items():
-            if v is None and k in out and not isinstance(out[k], dict | list):
-                out[k] = None
-            out[k] = deep_merge(out[k], v) if k in out else v
+            if v is None and k in out:
+                del out[k]
+            else:
+                out[k] = deep_merge(out[k], v) if k in out else v
         return out
     return over
 

@@ -214,3 +214,15 @@ def test_unknown_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     rc, err, _ = run_cli(capsys, "--root", str(root), "validate", "nope")
     assert rc == 2
     assert err[0].startswith("nope:1:1: error: no stack named 'nope' (looked in ")
+
+
+def test_null_removes_an_inherited_key_so_the_default_applies(tmp_path: Path) -> None:
+    from builder.spec import load_stack
+
+    parent = BASE + "  shm_size: 1g\n" + "variants:\n  bare:\n    server: {flags: {--tp-size: null}}\n"
+    child = "extends: _p\nruntime: {shm_size: null}\nserver: {env: {SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: null}}\n"
+    root = project(tmp_path, {"_p.yaml": parent, "c.yaml": child})
+    stack = load_stack("c", root=root)
+    assert stack.runtime.shm_size == "32g"  # the model's default, not the parent's 1g
+    assert dict(stack.server.env) == {}
+    assert "--tp-size" not in load_stack("c", root=root, variant="bare").server.flags
