@@ -1,22 +1,33 @@
 # The two commands the README opens with. Both work on a fresh machine:
-# scripts/infra/up.sh installs and starts what they need, idempotently.
+# they install the project (editable, with its dev extras) and scripts/infra/up.sh
+# installs and starts the infrastructure, both idempotently.
 PY ?= python3
+# Debian's python3 marks itself externally managed (PEP 668); the README's commands own this machine.
+PIP = PIP_BREAK_SYSTEM_PACKAGES=1 PIP_DISABLE_PIP_VERSION_CHECK=1 $(PY) -m pip
+STAMP = .stackbuild/install.stamp
 
-.PHONY: demo test unit lint infra
+.PHONY: demo test unit lint infra install
 
-demo: infra
-	stackbuild demo
+demo: infra install
+	$(PY) -m builder demo
 
-test: infra lint
+test: infra install lint
 	$(PY) -m pytest -m "integration or not integration" -q
 
-unit:
+unit: install
 	$(PY) -m pytest -q
 
-lint:
-	ruff check builder tests bench
-	mypy
-	stackbuild render cuda13 --check
+lint: install
+	$(PY) -m ruff check builder tests bench
+	$(PY) -m mypy
+	$(PY) -m builder render cuda13 --check
+
+install: $(STAMP)
+
+# Re-installed only when the dependencies change; the editable install tracks the code itself.
+$(STAMP): pyproject.toml
+	$(PIP) install -q -e '.[dev]'
+	mkdir -p $(@D) && touch $@
 
 infra:
 	bash scripts/infra/up.sh
