@@ -1,4 +1,5 @@
-"""Where stacks and templates are found: --root, the nearest parent with stacks/, or the package."""
+"""Where things are: stacks and templates (--root, the nearest parent with stacks/, or the
+package) and the one user cache directory."""
 
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ def shipped_dir(kind: str) -> Path:
     if (_PKG.parent / "pyproject.toml").is_file() and repo.is_dir():
         return repo
     return _PKG / "_shipped" / kind
+
+
+def cache_dir() -> Path:
+    """$STACKBUILD_CACHE_DIR, else the platform's user cache dir (honours $XDG_CACHE_HOME)."""
+    env = os.environ.get("STACKBUILD_CACHE_DIR")
+    if env:
+        return Path(env)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("stackbuild"))
 
 
 def templates_dir() -> Path:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.errors import Finding
+from builder.paths import cache_dir
 from builder.spec import Stack, positions
 
 Hit = tuple[tuple[str | int, ...], dict[str, Any]]
@@ -146,7 +147,7 @@ def _pins(s: Stack) -> Iterator[Hit]:
 def _release_pins(version: str) -> dict[str, str]:
     from builder import sglang
 
-    if sglang.wheel_path(version) or (sglang.cache_dir() / "sglang" / version / "flags.json").is_file():
+    if sglang.wheel_path(version) or (cache_dir() / "sglang" / version / "flags.json").is_file():
         try:
             req = sglang.load_table(version, offline=True).requires
             if req:

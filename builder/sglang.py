@@ -23,6 +23,7 @@ from pathlib import Path
 
 from builder import proc
 from builder.errors import InfraError, InputError
+from builder.paths import cache_dir
 
 TABLE_FORMAT = 2
 
@@ -247,15 +248,6 @@ def table_from_wheel(wheel: Path, version: str) -> Table:
 
 
 # --- cache --------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("STACKBUILD_CACHE_DIR")
-    if env:
-        return Path(env)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("stackbuild"))
 
 
 def wheel_path(version: str) -> Path | None:

@@ -198,3 +198,15 @@ def test_summarize_failure_names_the_step_exit_code_and_cause() -> None:
     ]
     assert buildkit.summarize_failure(tail) == "at [base 2/2] (exit code 100): E: Unable to locate package nope"
     assert buildkit.summarize_failure(["random\n"]) == "see the log"
+
+
+def test_one_cache_dir_for_builds_and_sglang_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from builder import paths, sglang
+    from builder.image import build
+
+    monkeypatch.delenv("STACKBUILD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert paths.cache_dir() == tmp_path / "stackbuild"
+    assert build.cache_dir is context.cache_dir is sglang.cache_dir is paths.cache_dir
+    monkeypatch.setenv("STACKBUILD_CACHE_DIR", str(tmp_path / "mine"))
+    assert paths.cache_dir() == tmp_path / "mine"

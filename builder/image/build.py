@@ -21,6 +21,7 @@ from typing import Any
 from builder import registry as reg
 from builder.errors import InfraError, InputError
 from builder.image import buildkit, context, engine
+from builder.paths import cache_dir
 from builder.spec import Stack
 
 Echo = Callable[[str], None]
@@ -93,7 +94,7 @@ def build_stack(
     elif target and not dry_run:
         _ping_soft(target, echo)
     if dry_run:  # the context stays on disk, for reading
-        keep = context.cache_dir() / "contexts"
+        keep = cache_dir() / "contexts"
         keep.mkdir(parents=True, exist_ok=True)
         plan = _plan(
             stack,
@@ -196,7 +197,7 @@ def _print_dry_run(plan: Plan, echo: Echo, *, daemon: bool) -> None:
 
 @contextmanager
 def _lock(digest: str) -> Iterator[None]:
-    d = context.cache_dir() / "locks"
+    d = cache_dir() / "locks"
     d.mkdir(parents=True, exist_ok=True)
     with (d / f"{digest[:16]}.lock").open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -214,7 +215,7 @@ def _execute(plan: Plan, c: Any, *, push: bool, echo: Echo) -> BuildResult:
         echo(f"skipped: {plan.ref} already exists in the registry ({remote})")
         return BuildResult(plan.ref, tag, plan.hash, None, remote, skipped=True, lock=plan.lock)
     log_path = (
-        context.cache_dir() / "logs" / f"{plan.stack.label}-{plan.hash[:12]}-{time.strftime('%Y%m%dT%H%M%S')}.log"
+        cache_dir() / "logs" / f"{plan.stack.label}-{plan.hash[:12]}-{time.strftime('%Y%m%dT%H%M%S')}.log"
     )
     echo(f"building {plan.ref} with {plan.builder.description}; log: {log_path}")
     partial = plan.request.tag

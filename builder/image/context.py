@@ -24,16 +24,13 @@ from pathlib import Path
 
 from builder import proc
 from builder.errors import InputError
+from builder.paths import cache_dir
 from builder.render import Rendered, render_stack
 from builder.spec import Stack
 
 WHEELHOUSE = "wheelhouse"
 # What the project wheel is built from; anything else in the checkout does not reach the image.
 PROJECT_INPUTS = ("pyproject.toml", "README.md", "builder", "stacks", "templates")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("STACKBUILD_CACHE_DIR") or Path.home() / ".cache" / "stackbuild")
 
 
 def sha256_file(path: Path) -> str:
