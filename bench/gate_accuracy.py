@@ -25,14 +25,10 @@ import json
 import sys
 import time
 import urllib.request
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from test_sim_process import sim
 
 from builder.gate import loadgen
 from builder.gate.result import Workload
+from builder.sim.process import sim
 
 # (concurrency, output tokens per request): each run lasts a few seconds at --speed 2
 LEVELS = ((1, 512), (8, 256), (64, 128), (256, 64))

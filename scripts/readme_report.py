@@ -13,15 +13,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from builder.gate.profile import GateProfile
+from builder.gate.runner import run_gate
+from builder.ledger import Ledger
+from builder.report import write_report
+from builder.sim.process import sim
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from test_sim_process import sim  # noqa: E402
-
-from builder.gate.profile import GateProfile  # noqa: E402
-from builder.gate.runner import run_gate  # noqa: E402
-from builder.ledger import Ledger  # noqa: E402
-from builder.report import write_report  # noqa: E402
 
 SWEEP = GateProfile(concurrency=(1, 2, 8, 30, 64, 250), input_len=32, output_len=128, runs=3, max_runs=6,
                     warmup=2, tolerance=0.02, requests_per_slot=4, min_requests=16, timeout_s=120)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.host.local import LocalHost, free_port
+from builder.host.local import LocalHost
+from builder.net import free_port
 
 REGISTRY = "127.0.0.1:5000"
 TESTHOST_IMAGE = os.environ.get("STACKBUILD_TESTHOST_IMAGE", "local/stackbuild-testhost:bookworm")

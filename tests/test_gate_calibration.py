@@ -24,13 +24,13 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
-from test_sim_process import sim
 
 from builder.gate.profile import GateProfile
 from builder.gate.result import GateResult
 from builder.gate.runner import run_gate
 from builder.ledger import Ledger
 from builder.report import build_report, render_markdown, write_report
+from builder.sim.process import sim
 
 pytestmark = pytest.mark.integration
 

@@ -7,11 +7,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from test_sim_process import free_port, sim
 
 from builder.cli import main
 from builder.gate.profile import GateProfile
 from builder.gate.runner import run_gate
+from builder.net import free_port
+from builder.sim.process import sim
 
 pytestmark = pytest.mark.integration
 

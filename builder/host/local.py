@@ -8,13 +8,13 @@ known_hosts entry scanned from it live in a directory the caller owns.
 from __future__ import annotations
 
 import secrets
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder import proc
 from builder.errors import InfraError
+from builder.net import free_port
 
 DOCKER = "/usr/bin/docker"
 TESTHOST_IMAGE = "local/stackbuild-testhost:bookworm"
@@ -30,12 +30,6 @@ class LocalHost:
     @property
     def target(self) -> str:
         return f"root@127.0.0.1:{self.port}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_argv(name: str, port: int, pubkey: str, image: str) -> list[str]:

@@ -13,7 +13,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,6 +253,3 @@ def summarize_failure(tail: list[str]) -> str:
     cause = causes[-1][:200] if causes else next((ln.strip()[:200] for ln in tail if "ERROR" in ln), "see the log")
     return f"{head}: {cause}" if head else cause
 
-
-def echo_line(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
