@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from builder.cli import main
-from builder.image import BuildResult, build_stack, buildkit, engine
-from builder.image.build import _secret_files
+from builder.image import buildkit, engine
+from builder.image.build import BuildResult, _secret_files, build_stack
 from builder.registry import manifest_digest, parse_ref, promote
 from builder.spec import load_stack
 

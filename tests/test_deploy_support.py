@@ -86,7 +86,7 @@ def sim_image() -> SimImage:
 
 
 def _built_image() -> SimImage:
-    from builder.image import build_stack
+    from builder.image.build import build_stack
     from builder.spec import load_stack
 
     # The shipped sim stack's image: the same Dockerfile the simtest spec renders

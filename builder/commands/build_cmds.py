@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from builder.image import BuildResult
+    from builder.image.build import BuildResult
     from builder.spec import Stack
 
 
@@ -35,7 +35,7 @@ def build_cmd(
     ledger: Path | None,
 ) -> None:
     """Build the stack image with BuildKit, smoke-test it, push it."""
-    from builder.image import build_stack
+    from builder.image.build import build_stack
     from builder.ledger import default_ledger_path
     from builder.paths import stack_root
     from builder.spec import load_stack

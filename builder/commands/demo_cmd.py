@@ -49,7 +49,7 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str)
     base = load_stack("sim", root=(ctx.obj or {}).get("root"))
     click.echo(f"demo: building {base.label} with BuildKit and pushing it to {registry}")
     from builder.commands.build_cmds import record_build
-    from builder.image import build_stack
+    from builder.image.build import build_stack
 
     built = build_stack(base, registry=registry, push=True)
     if not built.digest:

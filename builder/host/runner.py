@@ -85,7 +85,7 @@ def resolve_image(args: DeployArgs, echo: Callable[[str], None]) -> tuple[str, s
             f"{args.stack.source}: no registry to push the candidate to: pass "
             "--registry HOST:PORT/REPO or set host.registry (the host pulls by digest)"
         )
-    from builder.image import build_stack
+    from builder.image.build import build_stack
 
     built = build_stack(args.stack, registry=args.registry, push=True)
     if not built.digest:
