@@ -100,8 +100,8 @@ def test_promote_cli_prints_channel_and_digest(sim_built: BuildResult, capsys: p
 def test_build_cli_records_the_build_once_in_the_ledger(
     sim_built: BuildResult, registry: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    from builder.image.context import rendered_for_image
     from builder.ledger import Ledger
-    from builder.render import render_stack
 
     db = tmp_path / "ledger.db"
     argv = ["build", "sim", "--push", "--registry", f"{registry}/{TEST_REPO}", "--ledger", str(db)]
@@ -114,7 +114,8 @@ def test_build_cli_records_the_build_once_in_the_ledger(
         (b,) = ledger.builds()
     assert (b.stack, b.variant, b.image, b.digest, b.content_hash) == (
         "sim", None, sim_built.image, sim_built.digest, sim_built.hash)
-    assert b.lock == render_stack(load_stack("sim", root=REPO_ROOT)).lock
+    assert b.lock == rendered_for_image(load_stack("sim", root=REPO_ROOT)).lock == sim_built.lock
+    assert b.lock["content_hash"] == sim_built.hash
     report = (tmp_path / "report.md").read_text()
     assert f"| sim | `{sim_built.image}` | `{sim_built.digest}` | not deployed |" in report
 
