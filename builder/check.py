@@ -110,5 +110,8 @@ def check_patches(stack: Stack, *, offline: bool) -> list[Finding]:
 
 
 def check_stack(stack: Stack, *, offline: bool = False) -> list[Finding]:
+    from builder.lock.check import check_lock
+
     findings = check_rules(stack) + check_flags(stack, offline=offline) + check_patches(stack, offline=offline)
+    findings += check_lock(stack)
     return sorted(findings, key=lambda f: (f.path, f.line, f.col))

@@ -19,6 +19,7 @@ from typing import Any
 
 import jinja2
 
+from builder.lock import render_ctx as lockctx
 from builder.paths import templates_dir
 from builder.spec import Stack
 
@@ -189,12 +190,17 @@ def render_stack(stack: Stack) -> Rendered:
         "patches": [f"patches/{p.name}" for p in stack.patches],
         "build_secrets": list(stack.build.secrets),
     }
+    resolved = stack.server.engine == "sglang"
+    if resolved:
+        ctx.update(lockctx.context(stack))
     body = env.get_template(f"Dockerfile.{stack.server.engine}.j2").render(**ctx)
     # The hash covers the Dockerfile body, the patches and the lock (it lands in a label).
     h = hashlib.sha256(body.encode())
     for p in stack.patches:
         h.update(p.sha256.encode())
     h.update(json.dumps(_lock(stack, ""), sort_keys=True).encode())
+    if resolved:  # the resolved closure: a new resolution is a new image
+        h.update(lockctx.digest(stack).encode())
     content_hash = h.hexdigest()
     lock = _lock(stack, content_hash)
     lock_json = json.dumps(lock, indent=2, sort_keys=True) + "\n"
@@ -213,4 +219,6 @@ def render_stack(stack: Stack) -> Rendered:
     }
     for p in stack.patches:
         files[f"patches/{p.name}"] = p.text
+    if resolved:
+        files.update(lockctx.files(stack))
     return Rendered(files=files, content_hash=content_hash, lock=lock)
