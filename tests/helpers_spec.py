@@ -74,3 +74,8 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str, cwd: Path | None = N
         os.chdir(old)
     out, err = capsys.readouterr()
     return rc, [ln for ln in err.splitlines() if ln.strip()], out
+
+
+def source_component(comp: str, version: str, repo: str, ref: str, last: str) -> str:
+    """A components entry built from source, as YAML lines under `components:`; `last` is its final key."""
+    return f"  {comp}:\n    version: {version}\n    source:\n      repo: {repo}\n      ref: {ref}\n      {last}\n"

@@ -73,6 +73,7 @@ def test_uv_argv_is_exact() -> None:
         sys.executable, "-m", "uv", "pip", "compile", "r.in", "-o", "o.txt", "--quiet",
         "--python-version", "3.12", "--python-platform", "x86_64-manylinux_2_39",
         "--generate-hashes", "--emit-index-annotation", "--emit-index-url", "--no-header", "--no-build",
+        "--no-python-downloads",
         "--index-url", "https://pypi.org/simple",
         "--extra-index-url", "https://download.pytorch.org/whl/cu128",
         "--exclude-newer", "2026-04-09T23:59:59Z",
@@ -190,3 +191,21 @@ def test_shipped_stacks_validate_from_committed_files(capsys: pytest.CaptureFixt
     rc, err, _out = run_cli(capsys, "--root", str(ROOT), "validate", "--offline", cwd=ROOT)
     assert rc == 0, err
     assert not [e for e in err if ": error: " in e]
+
+
+def test_a_variant_that_changes_the_closure_has_its_own_lock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = BASE + "variants:\n  flags-only: {server: {flags: {--enable-metrics: true}}}\n"
+    text += "  newer-kernel: {components: {sgl_kernel: {version: 0.4.11}}}\n"
+    root = project(tmp_path, {"s.yaml": text})
+    assert target.lock_path(load_stack("s", root=root, variant="flags-only")).name == "s.txt"
+    newer = load_stack("s", root=root, variant="newer-kernel")
+    assert (target.lock_path(newer).name, target.lock_command(newer)) == (
+        "s.newer-kernel.txt",
+        "stackbuild lock s --variant newer-kernel",
+    )
+    rc, err, _ = run_cli(capsys, "--root", str(root), "validate", "s")
+    assert rc == 2
+    want = "no lock stacks/locks/s.newer-kernel.txt; run `stackbuild lock s --variant newer-kernel` [lock-missing]"
+    assert [e for e in err if "[lock-missing]" in e] == [f"stacks/s.yaml:20:18: error: {want}"]  # the overlay

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from builder.errors import Finding
 from builder.lock import audit as auditmod
 from builder.lock.resolve import Lock, canon, parse
-from builder.lock.target import DIST, Target, audit_path, lock_path, target_of
+from builder.lock.target import DIST, Target, audit_path, lock_command, lock_path, target_of
 from builder.rules import driver_floor
 from builder.spec import Stack, positions
 
@@ -61,7 +61,7 @@ def read_lock(stack: Stack) -> Lock | None:
 
 def freshness(stack: Stack, t: Target | None, lock: Lock | None) -> list[Finding]:
     loc = positions(stack)
-    cmd = f"stackbuild lock {stack.name}"
+    cmd = lock_command(stack)
     if t is None:
         if stack.server.engine == "sglang" and stack.components.items():
             pos = loc.pos(("base_image",))
@@ -169,7 +169,7 @@ def unaudited(stack: Stack, lock: Lock, audits: dict[str, auditmod.WheelAudit]) 
             pos.col,
             "error",
             f"{len(missing)} locked native wheel(s) not audited ({', '.join(missing[:3])}"
-            f"{' ...' if len(missing) > 3 else ''}); run `stackbuild lock {stack.name}`",
+            f"{' ...' if len(missing) > 3 else ''}); run `{lock_command(stack)}`",
             "audit-missing",
         )
     ]

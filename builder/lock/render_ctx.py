@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
 from typing import Any
 
-from builder.lock.target import lock_path
+from builder.lock.target import lock_command, lock_path
 from builder.paths import templates_dir
 from builder.spec import Stack
 
@@ -50,7 +49,7 @@ def files(stack: Stack) -> dict[str, str]:
     """requirements.lock (the committed lock, or a line saying none was made) and the image's verifier."""
     text = lock_text(stack)
     if text is None:
-        text = f"# no lock: run `stackbuild lock {stack.name}`\n"
+        text = f"# no lock: run `{lock_command(stack)}`\n"
     verify = (templates_dir() / "verify_image.py").read_text(encoding="utf-8")
     return {"requirements.lock": text, "verify_image.py": verify}
 
@@ -59,5 +58,3 @@ def digest(stack: Stack) -> str:
     text = lock_text(stack) or ""
     return hashlib.sha256(text.encode()).hexdigest()
 
-
-__all__ = ["Path", "context", "digest", "files"]

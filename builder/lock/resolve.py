@@ -66,6 +66,8 @@ def uv_argv(t: Target, requirements: Path, constraints: Path | None, out: Path, 
     argv = [sys.executable, "-m", "uv", "pip", "compile", str(requirements), "-o", str(out), "--quiet"]
     argv += ["--python-version", t.python, "--python-platform", t.platform]
     argv += ["--generate-hashes", "--emit-index-annotation", "--emit-index-url", "--no-header", "--no-build"]
+    # --no-build means no interpreter of the target version is needed; never fetch one
+    argv += ["--no-python-downloads"]
     argv += ["--index-url", t.index_url]
     for url in t.extra_index_urls:
         argv += ["--extra-index-url", url]

@@ -91,14 +91,27 @@ def target_of(stack: Stack) -> Target | None:
     )
 
 
-def lock_name(stack: Stack) -> str:
-    return f"{stack.name}.txt"
+def own_lock(stack: Stack) -> bool:
+    """Whether a variant resolves differently from its stack (and so has a lock of its own)."""
+    if stack.variant is None:
+        return False
+    from builder.spec import load_stack
+
+    return target_of(load_stack(stack.source, root=stack.root)) != target_of(stack)
+
+
+def lock_stem(stack: Stack) -> str:
+    """NAME, or NAME.VARIANT for a variant whose closure differs (most change only server flags)."""
+    return f"{stack.name}.{stack.variant}" if own_lock(stack) else stack.name
+
+
+def lock_command(stack: Stack) -> str:
+    return f"stackbuild lock {stack.name}" + (f" --variant {stack.variant}" if own_lock(stack) else "")
 
 
 def lock_path(stack: Stack) -> Path:
-    """stacks/locks/NAME.txt: one per stack; a variant that changes the closure is refused by validate."""
-    return stack.root / "stacks" / "locks" / lock_name(stack)
+    return stack.root / "stacks" / "locks" / f"{lock_stem(stack)}.txt"
 
 
 def audit_path(stack: Stack) -> Path:
-    return stack.root / "stacks" / "locks" / f"{stack.name}.audit.json"
+    return stack.root / "stacks" / "locks" / f"{lock_stem(stack)}.audit.json"

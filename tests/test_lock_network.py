@@ -1,0 +1,47 @@
+"""The resolver and the audit against the real package index (marked `network`; CI runs them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.lock import audit, resolve, target, wheels
+
+pytestmark = pytest.mark.network
+
+# torch-memory-saver 0.0.9 (sglang 0.5.10.post1's pin): a 0.5 MB native wheel that links the CUDA runtime.
+SMALL = target.Target(
+    python="3.12",
+    platform="x86_64-manylinux_2_39",
+    requirements=("torch-memory-saver==0.0.9",),
+    source_built=(),
+    index_url=target.PYPI,
+    extra_index_urls=(),
+    exclude_newer="2026-04-09T23:59:59Z",
+    constraints=(),
+)
+
+
+@pytest.fixture(scope="module")
+def small_lock() -> resolve.Lock:
+    return resolve.parse(resolve.header(SMALL, "t", []) + resolve.resolve(SMALL))
+
+
+def test_uv_resolves_a_hash_pinned_lock_with_its_index(small_lock: resolve.Lock) -> None:
+    lock = small_lock
+    e = lock.entries["torch-memory-saver"]
+    assert (e.version, e.index, lock.inputs_hash) == ("0.0.9", "https://pypi.org/simple", SMALL.inputs_hash())
+    assert len(e.hashes) >= 1 and all(len(h) == 64 for h in e.hashes)
+
+
+def test_a_real_native_wheel_is_fetched_by_sha256_and_audited(
+    small_lock: resolve.Lock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STACKBUILD_CACHE_DIR", str(tmp_path))
+    w = wheels.locate(small_lock.entries["torch-memory-saver"], SMALL)
+    assert w.name == "torch_memory_saver-0.0.9-cp39-abi3-manylinux2014_x86_64.whl" and w.native
+    a = audit.audit_cached(w.sha256, w.name, lambda: wheels.fetch(w))
+    assert (a.cuda_links, a.sass, a.ptx) == ({"libcudart.so.12": 12}, [], [])
+    assert wheels.cached(w.sha256) == tmp_path / "wheels" / f"{w.sha256}.whl"
+    assert audit.cached_audit(w.sha256) == a  # the second look needs neither the index nor the wheel
