@@ -45,3 +45,38 @@ def test_a_real_native_wheel_is_fetched_by_sha256_and_audited(
     assert (a.cuda_links, a.sass, a.ptx) == ({"libcudart.so.12": 12}, [], [])
     assert wheels.cached(w.sha256) == tmp_path / "wheels" / f"{w.sha256}.whl"
     assert audit.cached_audit(w.sha256) == a  # the second look needs neither the index nor the wheel
+
+
+def test_yesterdays_cuda128_stack_resolves_to_cuda13_and_says_so(tmp_path: Path) -> None:
+    """sglang 0.5.23 on a CUDA 12.8.1 base: the real resolution holds CUDA 13 packages; each is an error
+    located at the component that pulled it in, naming the 580 driver it needs."""
+    from helpers_spec import project
+
+    from builder.lock import check
+    from builder.spec import load_stack
+
+    spec = (
+        "base_image: nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04\n"
+        'cuda: "12.8.1"\n'
+        "arches: [sm_120]\n"
+        'python: "3.12"\n'
+        "components:\n"
+        "  torch: {version: 2.14.1}\n"
+        "  sgl_kernel: {version: 0.4.10}\n"
+        "  flashinfer: {version: 0.7.2}\n"
+        "  sglang: {version: 0.5.23}\n"
+        "server: {model_path: /models/m}\n"
+        "lock: {exclude_newer: '2026-11-01T00:00:00Z'}\n"
+    )
+    root = project(tmp_path, {"old.yaml": spec}, lock=False)
+    stack = load_stack("old", root=root)
+    t = target.target_of(stack)
+    assert t is not None
+    found = [str(f) for f in check.cuda_packages(stack, resolve.parse(resolve.resolve(t)))]
+    runtime = [f for f in found if "nvidia-cuda-runtime==13." in f]
+    assert len(runtime) == 1 and runtime[0].endswith(
+        "(pulled in by sglang) is a CUDA 13 package, which needs driver >= 580; "
+        "this stack is CUDA 12.8.1 (driver >= 570) [lock-cuda-major]"
+    )
+    assert runtime[0].split(": error: ")[0].endswith("stacks/old.yaml:9:3")  # components.sglang
+    assert any("cuda-python==13." in f for f in found) and any("nvidia-nccl-cu13" in f for f in found)

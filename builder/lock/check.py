@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from builder.errors import Finding
 from builder.lock import audit as auditmod
@@ -56,7 +58,16 @@ def _finding(w: Where, severity: str, message: str, rule: str) -> Finding:
 
 def read_lock(stack: Stack) -> Lock | None:
     p = lock_path(stack)
-    return parse(p.read_text(encoding="utf-8")) if p.is_file() else None
+    if not p.is_file():
+        return None
+    st = p.stat()
+    return _parsed(p, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(path: Path, _mtime_ns: int, _size: int) -> Lock:
+    """One parse per file version: validate reads the same lock for every variant."""
+    return parse(path.read_text(encoding="utf-8"))
 
 
 def freshness(stack: Stack, t: Target | None, lock: Lock | None) -> list[Finding]:
@@ -151,7 +162,14 @@ def audit_findings(stack: Stack, lock: Lock, audits: dict[str, auditmod.WheelAud
 
 
 def committed_audits(stack: Stack) -> dict[str, auditmod.WheelAudit]:
-    return auditmod.load_committed(audit_path(stack))
+    p = audit_path(stack)
+    st = p.stat() if p.is_file() else None
+    return dict(_audits(p, st.st_mtime_ns if st else 0, st.st_size if st else 0))
+
+
+@functools.lru_cache(maxsize=16)
+def _audits(path: Path, _mtime_ns: int, _size: int) -> dict[str, auditmod.WheelAudit]:
+    return auditmod.load_committed(path)
 
 
 def unaudited(stack: Stack, lock: Lock, audits: dict[str, auditmod.WheelAudit]) -> list[Finding]:

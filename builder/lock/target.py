@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -95,9 +96,16 @@ def own_lock(stack: Stack) -> bool:
     """Whether a variant resolves differently from its stack (and so has a lock of its own)."""
     if stack.variant is None:
         return False
+    st = stack.source.stat()
+    return _base_target(stack.source, stack.root, st.st_mtime_ns, st.st_size) != target_of(stack)
+
+
+@functools.lru_cache(maxsize=64)
+def _base_target(source: Path, root: Path, _mtime_ns: int, _size: int) -> Target | None:
+    """The stack's own target, loaded once per file version (validate asks for every variant)."""
     from builder.spec import load_stack
 
-    return target_of(load_stack(stack.source, root=stack.root)) != target_of(stack)
+    return target_of(load_stack(source, root=root))
 
 
 def lock_stem(stack: Stack) -> str:
