@@ -98,3 +98,24 @@ def test_smoke_checks_a_gpu_image_without_importing_its_kernels() -> None:
     assert smoke.verify_problems(2, "Traceback...\nNo such file") == [
         "verify_image.py exited 2: Traceback...\nNo such file"
     ]
+
+
+def test_a_source_built_torch_is_what_the_other_source_builds_compile_against(tmp_path: Path) -> None:
+    torch = source_component(
+        "torch", "2.14.1", "https://github.com/pytorch/pytorch.git", "v2.14.1", 'env: {USE_CUDA: "1"}'
+    )
+    text = BASE.replace('  torch: {version: 2.14.1, index: "https://download.pytorch.org/whl/cu130"}\n', torch)
+    root = project(tmp_path, {"s.yaml": text.replace("  sgl_kernel: {version: 0.4.10}\n", SGL_SOURCE)})
+    dockerfile = render_stack(load_stack("s", root=root)).files["Dockerfile"]
+    froms = [ln for ln in dockerfile.splitlines() if ln.startswith(("FROM ", "COPY --from"))]
+    assert froms[1:] == [
+        "FROM base AS deps",
+        "FROM deps AS torch",
+        "FROM torch AS sgl-kernel",
+        "FROM deps AS runtime",
+        "COPY --from=torch /wheels/torch /wheels/torch",
+        "COPY --from=sgl-kernel /wheels/sgl_kernel /wheels/sgl_kernel",
+    ]
+    assert "    && pip install --no-deps /wheels/torch/*.whl \\\n" in dockerfile
+    lock = (root / "stacks" / "locks" / "s.txt").read_text()
+    assert "(not from this file): torch==2.14.1, sglang-kernel==0.4.10\n" in lock  # fixed inputs, not emitted
