@@ -72,3 +72,12 @@ def test_torch_index_proposes_only_an_index_torch_ships(
         f"stacks/s.yaml:5:28: error: torch index {index} does not match the stack's CUDA {cuda}; {want} "
         "[torch-index-cuda]"
     ]
+
+
+def test_sglang_boolean_env_by_sglang_s_own_parser(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, err = findings(tmp_path, capsys, BASE.replace('ALLREDUCE: "1"', 'ALLREDUCE: "on"'))
+    assert rc == 2
+    assert err == [
+        "stacks/s.yaml:14:5: error: server.env: env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE='on': sglang 0.5.23 parses "
+        "it as a boolean and raises on that value; use 1/0 or true/false [sglang-env-bool]"
+    ]
