@@ -80,3 +80,19 @@ def test_yesterdays_cuda128_stack_resolves_to_cuda13_and_says_so(tmp_path: Path)
     )
     assert runtime[0].split(": error: ")[0].endswith("stacks/old.yaml:9:3")  # components.sglang
     assert any("cuda-python==13." in f for f in found) and any("nvidia-nccl-cu13" in f for f in found)
+
+
+def test_a_python_the_release_has_no_wheels_for_is_located_at_python(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from helpers_spec import BASE, project, run_cli
+
+    text = BASE.replace(', index: "https://download.pytorch.org/whl/cu130"', "") + 'python: "3.10"\n'
+    root = project(tmp_path, {"s.yaml": text}, lock=False)
+    rc, err, _ = run_cli(capsys, "--root", str(root), "lock", "s")
+    assert rc == 2
+    assert err[1].startswith("stacks/s.yaml:18:1: error: no resolution: Because sglang==0.5.23 has no wheels")
+    assert err[1].endswith(
+        "(v0.5.23) with the following Python implementation tags: `cp311`, `cp312`, `cp313` [lock-unsatisfiable]"
+    )
+    assert not (root / "stacks" / "locks").exists()

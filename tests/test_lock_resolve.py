@@ -209,3 +209,19 @@ def test_a_variant_that_changes_the_closure_has_its_own_lock(
     assert rc == 2
     want = "no lock stacks/locks/s.newer-kernel.txt; run `stackbuild lock s --variant newer-kernel` [lock-missing]"
     assert [e for e in err if "[lock-missing]" in e] == [f"stacks/s.yaml:20:18: error: {want}"]  # the overlay
+
+
+def test_uv_no_solution_becomes_one_line() -> None:
+    stderr = (
+        "error: No solution found when resolving dependencies\n"
+        "  cause: Because sglang==0.5.23 has no wheels with a matching Python implementation tag (e.g., `cp310`)\n"
+        "\n"
+        "hint: You require CPython 3.10 (`cp310`)\n"
+    )
+    got = resolve.unsatisfiable(stderr)
+    assert got is not None and got.about_python
+    assert got.reason == (
+        "Because sglang==0.5.23 has no wheels with a matching Python implementation tag (e.g., `cp310`) "
+        "You require CPython 3.10 (`cp310`)"
+    )
+    assert resolve.unsatisfiable("error: Failed to fetch: https://pypi.org/simple/x/") is None

@@ -56,6 +56,14 @@ def _finding(w: Where, severity: str, message: str, rule: str) -> Finding:
     return Finding(w.file, w.line, w.col, severity, message, rule)
 
 
+def unsatisfiable_finding(stack: Stack, reason: str, about_python: bool) -> Finding:
+    """uv's reason, at `python:` when it is about the interpreter, else at the components."""
+    loc = positions(stack)
+    path: tuple[str, ...] = ("python",) if about_python else ("components",)
+    pos = loc.keys.get(path) or loc.pos(path)
+    return Finding(pos.file, pos.line, pos.col, "error", f"no resolution: {reason}", "lock-unsatisfiable")
+
+
 def read_lock(stack: Stack) -> Lock | None:
     p = lock_path(stack)
     if not p.is_file():

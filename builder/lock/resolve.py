@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder import proc
-from builder.errors import InfraError
+from builder.errors import InfraError, InputError
 from builder.lock.target import Target
 
 HEADER = "# stackbuild lock"
@@ -62,6 +62,23 @@ class Lock:
         return []
 
 
+class Unsatisfiable(InputError):
+    """uv proved the requirements cannot all hold for the target; the message is uv's own reason."""
+
+    def __init__(self, reason: str, about_python: bool) -> None:
+        self.reason, self.about_python = reason, about_python
+        super().__init__(reason)
+
+
+def unsatisfiable(stderr: str) -> Unsatisfiable | None:
+    """uv's 'No solution found' as one line (its cause and hint), else None (pure)."""
+    if "No solution found" not in stderr:
+        return None
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    reason = " ".join(ln.removeprefix("cause: ").removeprefix("hint: ") for ln in lines[1:]) or lines[0]
+    return Unsatisfiable(reason, "Python" in reason)
+
+
 def uv_argv(t: Target, requirements: Path, constraints: Path | None, out: Path, *, offline: bool) -> list[str]:
     argv = [sys.executable, "-m", "uv", "pip", "compile", str(requirements), "-o", str(out), "--quiet"]
     argv += ["--python-version", t.python, "--python-platform", t.platform]
@@ -105,6 +122,9 @@ def resolve(t: Target, *, offline: bool = False) -> str:
         argv = uv_argv(t, d / "requirements.in", cons, d / "lock.txt", offline=offline)
         done = proc.run(argv, check=False, timeout=900, what="resolving with uv")
         if done.returncode != 0:
+            refused = unsatisfiable(done.stderr)
+            if refused is not None:
+                raise refused
             raise InfraError(
                 "uv could not resolve " + " ".join(t.requirements) + f" for python {t.python} on {t.platform}",
                 command=done.command,

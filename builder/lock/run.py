@@ -55,7 +55,10 @@ def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str],
     if t is None:
         raise SpecError(check.freshness(stack, None, None) or [])
     progress(f"resolving {' '.join(t.requirements)} for python {t.python} on {t.platform}")
-    body = resolve.resolve(t, offline=offline)
+    try:
+        body = resolve.resolve(t, offline=offline)
+    except resolve.Unsatisfiable as err:
+        raise SpecError([check.unsatisfiable_finding(stack, err.reason, err.about_python)]) from err
     lock = resolve.parse(body)
     if offline:
         natives, audits = _audits_offline(stack, lock)
