@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import Finding
+from builder.facts import driver_floor
 from builder.lock import audit as auditmod
 from builder.lock.resolve import Lock, canon, parse
 from builder.lock.target import DIST, Target, audit_path, lock_command, lock_path, target_of
-from builder.rules import driver_floor
 from builder.spec import Stack, positions
 
 _CU_SUFFIX = re.compile(r"-cu(\d{2})$")
