@@ -96,3 +96,41 @@ def test_a_python_the_release_has_no_wheels_for_is_located_at_python(
         "(v0.5.23) with the following Python implementation tags: `cp311`, `cp312`, `cp313` [lock-unsatisfiable]"
     )
     assert not (root / "stacks" / "locks").exists()
+
+
+def _pinned(name: str, version: str, t: target.Target) -> wheels.WheelFile:
+    files = [f for f in wheels.index_files(target.PYPI, name) if f"-{version}-" in f.name]
+    got = wheels.choose(files, t)
+    assert got is not None
+    return got
+
+
+def test_fatbin_reading_agrees_with_nvidia_cuobjdump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchaudio 2.11.0 (1.7 MB, in the cuda13 closure) read by our parser and by cuobjdump 13.5 (PyPI)."""
+    import re
+    import subprocess
+    import zipfile
+
+    from builder.lock.elf import read_elf_path
+
+    monkeypatch.setenv("STACKBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    t = SMALL
+    tool = wheels.fetch(_pinned("nvidia-cuda-cuobjdump", "13.5.37", t))
+    with zipfile.ZipFile(tool) as z:
+        cuobjdump = Path(z.extract("nvidia/cu13/bin/cuobjdump", tmp_path))
+    cuobjdump.chmod(0o755)
+    wheel = wheels.fetch(_pinned("torchaudio", "2.11.0", t))
+    ours: tuple[set[int], set[int]] = (set(), set())
+    theirs: tuple[set[int], set[int]] = (set(), set())
+    with zipfile.ZipFile(wheel) as z:
+        for n in (n for n in z.namelist() if re.search(r"\.so(\.\d+)*$", n)):
+            so = tmp_path / "x.so"
+            so.write_bytes(z.read(n))
+            facts = read_elf_path(so)
+            assert facts is not None
+            ours[0].update(facts.gpu.sass)
+            ours[1].update(facts.gpu.ptx)
+            for flag, dest in (("--list-elf", theirs[0]), ("--list-ptx", theirs[1])):
+                out = subprocess.run([str(cuobjdump), flag, str(so)], capture_output=True, text=True).stdout
+                dest.update(int(a) for a in re.findall(r"sm_(\d+)", out))
+    assert theirs[0] and ours == theirs
