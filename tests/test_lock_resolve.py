@@ -53,7 +53,7 @@ def test_target_of_the_shipped_cuda13_stack() -> None:
         index_url="https://pypi.org/simple",
         extra_index_urls=(),
         exclude_newer=None,
-        constraints=(),
+        constraints=("nvidia-cuda-nvcc<13.1", "nvidia-nvjitlink<13.1", "nvidia-cuda-crt<13.1", "nvidia-nvvm<13.1"),
     )
     assert target.target_of(load_stack("sim", root=ROOT)) is None
 
@@ -225,3 +225,18 @@ def test_uv_no_solution_becomes_one_line() -> None:
         "You require CPython 3.10 (`cp310`)"
     )
     assert resolve.unsatisfiable("error: Failed to fetch: https://pypi.org/simple/x/") is None
+
+
+def test_toolkit_pieces_newer_than_the_base_warn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = project(tmp_path, {"s.yaml": BASE})
+    monkeypatch.chdir(root)
+    lock = resolve.parse(BODY.replace("nvidia-cuda-runtime==13.0.96", "nvidia-cuda-nvcc==13.5.37"))
+    assert [str(f) for f in check.cuda_packages(load_stack("s", root=root), lock)] == [
+        "stacks/s.yaml:5:3: warning: nvidia-cuda-nvcc==13.5.37 (pulled in by torch) is from CUDA 13.5, newer than "
+        "the stack's 13.0.1: what it builds as PTX cannot be JIT-compiled by a 13.0.1 driver (SASS runs under "
+        "minor-version compatibility); pin it with lock.constraints [lock-cuda-minor]"
+    ]
+    assert [check.toolkit_release(n, v) for n, v in [("nvidia-nvjitlink-cu12", "12.8.93"), ("torch", "2.9.1")]] == [
+        (12, 8),
+        None,
+    ]

@@ -29,6 +29,19 @@ def cuda_major_of_package(name: str, version: str) -> int | None:
     return None
 
 
+# Toolkit pieces whose version is the CUDA release they come from (12.8.93 is CUDA 12.8).
+_TOOLKIT = ("nvidia-cuda-nvcc", "nvidia-nvjitlink", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime",
+            "nvidia-cuda-nvrtc")  # fmt: skip
+
+
+def toolkit_release(name: str, version: str) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA toolkit piece, from its version (pure)."""
+    if _CU_SUFFIX.sub("", name) not in _TOOLKIT:
+        return None
+    parts = version.split(".")
+    return (int(parts[0]), int(parts[1])) if len(parts) > 1 and parts[1].isdigit() else None
+
+
 def _floor_text(major: int, cuda: str | None = None) -> str:
     """The driver floor of a CUDA major's first release, or of the stack's exact CUDA when given."""
     return f"driver >= {driver_floor(cuda or f'{major}.0')}"
@@ -112,6 +125,15 @@ def cuda_packages(stack: Stack, lock: Lock) -> list[Finding]:
     out = []
     for e in lock.entries.values():
         major = cuda_major_of_package(e.name, e.version)
+        release = toolkit_release(e.name, e.version)
+        if release and release[0] == want and release > stack.cuda_mm:
+            w, root = _component_pos(stack, lock, e.name)
+            msg = (
+                f"{e.name}=={e.version} (pulled in by {root}) is from CUDA {release[0]}.{release[1]}, newer than the "
+                f"stack's {stack.cuda}: what it builds as PTX cannot be JIT-compiled by a {stack.cuda} driver "
+                f"(SASS runs under minor-version compatibility); pin it with lock.constraints"
+            )
+            out.append(_finding(w, "warning", msg, "lock-cuda-minor"))
         if major is None or major == want:
             continue
         w, root = _component_pos(stack, lock, e.name)
