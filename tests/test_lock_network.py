@@ -33,6 +33,8 @@ def test_uv_resolves_a_hash_pinned_lock_with_its_index(small_lock: resolve.Lock)
     e = lock.entries["torch-memory-saver"]
     assert (e.version, e.index, lock.inputs_hash) == ("0.0.9", "https://pypi.org/simple", SMALL.inputs_hash())
     assert len(e.hashes) >= 1 and all(len(h) == 64 for h in e.hashes)
+    # the same inputs give the same file (no temp paths): the lock's digest is in the image's content hash
+    assert resolve.resolve(SMALL) == lock.text.split("\n", 5)[5]
 
 
 def test_a_real_native_wheel_is_fetched_by_sha256_and_audited(

@@ -117,10 +117,12 @@ def resolve(t: Target, *, offline: bool = False) -> str:
         (d / "requirements.in").write_text("\n".join(t.requirements) + "\n")
         cons = None
         if t.constraints:
-            cons = d / "constraints.txt"
-            cons.write_text("\n".join(t.constraints) + "\n")
-        argv = uv_argv(t, d / "requirements.in", cons, d / "lock.txt", offline=offline)
-        done = proc.run(argv, check=False, timeout=900, what="resolving with uv")
+            cons = Path("constraints.txt")
+            (d / cons).write_text("\n".join(t.constraints) + "\n")
+        # relative names, run inside the temp dir: uv writes `# via -r requirements.in` into the lock,
+        # and a temp path there would make every resolution a different file
+        argv = uv_argv(t, Path("requirements.in"), cons, Path("lock.txt"), offline=offline)
+        done = proc.run(argv, cwd=d, check=False, timeout=900, what="resolving with uv")
         if done.returncode != 0:
             refused = unsatisfiable(done.stderr)
             if refused is not None:
