@@ -119,3 +119,29 @@ def test_a_source_built_torch_is_what_the_other_source_builds_compile_against(tm
     assert "    && pip install --no-deps /wheels/torch/*.whl \\\n" in dockerfile
     lock = (root / "stacks" / "locks" / "s.txt").read_text()
     assert "(not from this file): torch==2.14.1, sglang-kernel==0.4.10\n" in lock  # fixed inputs, not emitted
+
+
+def test_parser_script_parses_with_the_servers_own_arguments_and_refuses_abbreviations(tmp_path: Path) -> None:
+    """A stand-in for sglang's ServerArgs.add_cli_args (its real one imports torch): the script must use it,
+    parse exactly the rendered argv, and refuse prefixes argparse would otherwise accept."""
+    pkg = tmp_path / "sglang" / "srt"
+    pkg.mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server_args.py").write_text(
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(p):\n"
+        "        for f in ('--model-path', '--served-model-name', '--host', '--port', '--tp-size'):\n"
+        "            p.add_argument(f)\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+
+    def parse(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-c", smoke.PARSER_SCRIPT, *args]
+        return subprocess.run(argv, capture_output=True, text=True, env=env)
+
+    ok = parse("--model-path", "/m", "--port", "30000", "--tp-size", "8")
+    assert (ok.returncode, ok.stdout) == (0, "SERVER-ARGS-OK\n")
+    bad = parse("--model-path", "/m", "--tp", "8")
+    assert bad.returncode == 2 and "unrecognized arguments: --tp 8" in bad.stderr
