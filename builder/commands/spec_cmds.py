@@ -197,11 +197,13 @@ def render_cmd(
 def lock_cmd(ctx: click.Context, stack: str, variant: str | None, out: Path | None, offline: bool) -> None:
     """Resolve STACK's whole Python closure into a hash-pinned lock and audit its native wheels.
 
-    The lock (stacks/locks/STACK.txt) pins every distribution by sha256 with the
-    index it came from; the audit (stacks/locks/STACK.audit.json) records, per
-    native wheel, the CUDA libraries it links and the GPU arches it carries.
-    Errors (a CUDA major other than the stack's, an arch with no kernel image)
-    print located at the component that brought the wheel in; nothing is written.
+    The lock (stacks/locks/STACK.txt; STACK.VARIANT.txt for a variant whose
+    closure differs) pins every distribution by sha256 with the index it came
+    from; the audit (STACK.audit.json beside it) records, per native wheel, the
+    CUDA libraries it links and the GPU arches it carries. Errors (a newer CUDA
+    major than the stack's, a component with no kernel image for its arches, no
+    resolution) print located at the YAML line that brought them in, and
+    nothing is written.
     """
     from builder.lock import run as lockrun
     from builder.spec import load_stack
