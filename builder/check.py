@@ -81,8 +81,8 @@ def check_flags(stack: Stack, *, offline: bool) -> list[Finding]:
         if issue:
             pos = loc.keys.get(("server", "flags", flag)) or loc.pos(("server", "flags"))
             out.append(_finding(pos, issue.severity, f"server.flags: {issue.message}", issue.rule))
-    for name in stack.server.env:
-        issue = sglang.check_env(table, name)
+    for name, value in stack.server.env.items():
+        issue = sglang.check_env(table, name) or sglang.check_env_value(table, name, value)
         if issue:
             pos = loc.keys.get(("server", "env", name)) or loc.pos(("server", "env"))
             out.append(_finding(pos, issue.severity, f"server.env: {issue.message}", issue.rule))
@@ -110,5 +110,8 @@ def check_patches(stack: Stack, *, offline: bool) -> list[Finding]:
 
 
 def check_stack(stack: Stack, *, offline: bool = False) -> list[Finding]:
+    from builder.lock.check import check_lock
+
     findings = check_rules(stack) + check_flags(stack, offline=offline) + check_patches(stack, offline=offline)
+    findings += check_lock(stack)
     return sorted(findings, key=lambda f: (f.path, f.line, f.col))

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("builder.commands.spec_cmds:list_cmd", "List the stacks and their variants."),
     "validate": ("builder.commands.spec_cmds:validate_cmd", "Check stack specs; errors point into the YAML."),
     "render": ("builder.commands.spec_cmds:render_cmd", "Render Dockerfile, systemd units and stack.lock.json."),
+    "lock": ("builder.commands.spec_cmds:lock_cmd", "Resolve a stack's closure to a hash-pinned lock; audit it."),
     "build": ("builder.commands.build_cmds:build_cmd", "Build the stack image with BuildKit, smoke-test it, push it."),
     "promote": ("builder.commands.build_cmds:promote_cmd", "Point a registry channel tag at an image digest."),
     "deploy": ("builder.commands.deploy_cmds:deploy_cmd", "Deploy to a host over SSH, gate it, promote or roll back."),

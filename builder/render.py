@@ -20,6 +20,7 @@ from typing import Any
 
 import jinja2
 
+from builder.lock import render_ctx as lockctx
 from builder.paths import templates_dir
 from builder.spec import Stack
 
@@ -196,12 +197,17 @@ def render_stack(stack: Stack, inputs: Mapping[str, str] | None = None) -> Rende
         "patches": [f"patches/{p.name}" for p in stack.patches],
         "build_secrets": list(stack.build.secrets),
     }
+    resolved = stack.server.engine == "sglang"
+    if resolved:
+        ctx.update(lockctx.context(stack))
     body = env.get_template(f"Dockerfile.{stack.server.engine}.j2").render(**ctx)
     # The hash covers the Dockerfile body, the patches and the lock (it lands in a label).
     h = hashlib.sha256(body.encode())
     for p in stack.patches:
         h.update(p.sha256.encode())
     h.update(json.dumps(_lock(stack, ""), sort_keys=True).encode())
+    if resolved:  # the resolved closure: a new resolution is a new image
+        h.update(lockctx.digest(stack).encode())
     for rel, digest in sorted((inputs or {}).items()):
         h.update(f"\n{rel} {digest}".encode())
     content_hash = h.hexdigest()
@@ -222,4 +228,6 @@ def render_stack(stack: Stack, inputs: Mapping[str, str] | None = None) -> Rende
     }
     for p in stack.patches:
         files[f"patches/{p.name}"] = p.text
+    if resolved:
+        files.update(lockctx.files(stack))
     return Rendered(files=files, content_hash=content_hash, lock=lock)

@@ -13,47 +13,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from builder.errors import Finding
+from builder.facts import (
+    ARCH_MIN_CUDA,
+    CMAKE_OPTION_PREFIXES,
+    COMPONENT_DIST,
+    FLASHINFER_PURE_FROM,
+    PRESENCE_ENV,
+    SGLANG_CUDA13_FROM,
+    SGLANG_LAST_CUDA12,
+    SGLANG_PINS,
+    SGLANG_PYTHONS,
+    TORCH_CUDA_WHEELS,
+)
+from builder.facts import driver_floor as driver_floor  # re-exported: preflight checks the same floor
 from builder.paths import cache_dir
 from builder.spec import Stack, positions
 
 Hit = tuple[tuple[str | int, ...], dict[str, Any]]
 
 
-# --- facts (data) -------------------------------------------------------------
-
-# Driver floor per CUDA major.minor (NVIDIA CUDA toolkit release notes, table 3).
-DRIVER_FLOOR: dict[tuple[int, int], int] = {(12, 8): 570, (12, 9): 575, (13, 0): 580, (13, 1): 590}
-
-# cuXYZ wheels on the PyTorch index by torch release (minor -> tags).
-# Source: the pytorch.org "previous versions" matrix; 2.12+ dropped cu128.
-TORCH_CUDA_WHEELS: dict[tuple[int, int], frozenset[str]] = {
-    (2, 7): frozenset({"cu118", "cu126", "cu128"}),
-    (2, 8): frozenset({"cu126", "cu128", "cu129"}),
-    (2, 9): frozenset({"cu126", "cu128", "cu130"}),
-    (2, 10): frozenset({"cu126", "cu128", "cu130"}),
-    (2, 11): frozenset({"cu126", "cu128", "cu130"}),
-    (2, 12): frozenset({"cu126", "cu130"}),
-    (2, 13): frozenset({"cu126", "cu130", "cu132"}),
-    (2, 14): frozenset({"cu126", "cu130", "cu132"}),
-}
-
-# What each sglang release pins (Requires-Dist of its wheel); used when the
-# release's own metadata is not at hand (offline, no cache).
-SGLANG_PINS: dict[str, dict[str, str]] = {
-    "0.5.23": {"torch": "2.14.1", "sglang-kernel": "0.4.10", "flashinfer-python": "0.7.2"},
-}
-COMPONENT_DIST = {"torch": "torch", "sgl_kernel": "sglang-kernel", "flashinfer": "flashinfer-python"}
-
-# Arches that need at least this CUDA (sm_100/sm_120 arrived in 12.8, sm_103/sm_121 in 12.9).
-ARCH_MIN_CUDA: dict[str, tuple[int, int]] = {"sm_100": (12, 8), "sm_120": (12, 8), "sm_103": (12, 9), "sm_121": (12, 9)}
-
-
-def driver_floor(cuda: str | None) -> int | None:
-    if not cuda:
-        return None
-    major, minor = (int(x) for x in cuda.split(".")[:2])
-    floors = [v for (ma, mi), v in DRIVER_FLOOR.items() if (ma, mi) <= (major, minor)]
-    return max(floors) if floors else None
+# The facts each condition reads live in builder.facts, each with its source.
 
 
 def _ver(v: str) -> tuple[int, ...]:
@@ -126,10 +105,19 @@ def _torch_wheel(s: Stack) -> Iterator[Hit]:
 def _torch_index_cuda(s: Stack) -> Iterator[Hit]:
     t = s.components.torch
     tag = _cu_tag(t.index if t else None)
-    if tag and s.cuda_mm:
-        want = f"cu{s.cuda_mm[0]}{s.cuda_mm[1]}"
-        if tag[:4] != want[:4]:
-            yield ("components", "torch", "index"), {"tag": tag, "cuda": s.cuda, "want": want}
+    if t and tag and s.cuda_mm and tag[:4] != f"cu{s.cuda_mm[0]}":
+        want = _torch_tag_for(t.version, s.cuda_mm)
+        yield ("components", "torch", "index"), {"tag": tag, "cuda": s.cuda, "want": want}
+
+
+def _torch_tag_for(version: str, cuda: tuple[int, int]) -> str:
+    """The index to propose: a cuXYZ torch `version` ships, same CUDA major, not newer than the stack's."""
+    minor = _ver(version)[:2]
+    have = TORCH_CUDA_WHEELS.get((minor[0], minor[1])) if len(minor) == 2 else None
+    fits = sorted(tag for tag in have or () if tag[2:4] == str(cuda[0]) and int(tag[4:]) <= cuda[1])
+    if fits:
+        return f"the {fits[-1]} index"
+    return f"no index: torch {version} ships no CUDA {cuda[0]}.x<={cuda[0]}.{cuda[1]} wheel, so pin another torch"
 
 
 def _pins(s: Stack) -> Iterator[Hit]:
@@ -155,6 +143,73 @@ def _release_pins(version: str) -> dict[str, str]:
         except Exception:  # a broken cache falls back to the table below
             pass
     return SGLANG_PINS.get(version, {})
+
+
+def _sglang_cuda13(s: Stack) -> Iterator[Hit]:
+    v = s.sglang_version
+    if v and s.cuda_mm and s.cuda_mm[0] < 13 and _ver(v) >= SGLANG_CUDA13_FROM:
+        yield (
+            ("components", "sglang", "version"),
+            {
+                "version": v,
+                "cuda": s.cuda,
+                "floor": driver_floor(s.cuda),
+                "last": SGLANG_LAST_CUDA12,
+            },
+        )
+
+
+def _python_distro(s: Stack) -> Iterator[Hit]:
+    from builder.lock.target import DISTROS, distro_of
+
+    d = distro_of(s.base_image)
+    if s.server.engine == "sglang" and d and s.python not in DISTROS[d].pythons:
+        yield ("python",), {"python": s.python, "distro": d, "have": ", ".join(DISTROS[d].pythons)}
+
+
+def _python_sglang(s: Stack) -> Iterator[Hit]:
+    v = s.sglang_version
+    have = SGLANG_PYTHONS.get(v or "")
+    if v and have and s.python not in have:
+        yield ("python",), {"python": s.python, "sglang": v, "have": ", ".join(have)}
+
+
+def _presence_env(s: Stack) -> Iterator[Hit]:
+    for name, c in s.components.items():
+        for key in c.source.env if c.source else {}:
+            if key in PRESENCE_ENV:
+                yield ("components", name, "source", "env", key), {"name": key, "why": PRESENCE_ENV[key]}
+    for key in s.server.env:
+        if key in PRESENCE_ENV:
+            yield ("server", "env", key), {"name": key, "why": PRESENCE_ENV[key]}
+
+
+def _cmake_env(s: Stack) -> Iterator[Hit]:
+    for name, c in s.components.items():
+        for key in c.source.env if c.source else {}:
+            if key.startswith(CMAKE_OPTION_PREFIXES):
+                yield ("components", name, "source", "env", key), {"name": key, "comp": name}
+
+
+def _flashinfer_noop(s: Stack) -> Iterator[Hit]:
+    c = s.components.flashinfer
+    if c is not None and c.source is not None and _ver(c.version) >= FLASHINFER_PURE_FROM:
+        yield ("components", "flashinfer", "source"), {"version": c.version}
+
+
+def _opens_trtllm_on_sm120(text: str) -> bool:
+    """The patch edits flashinfer_comm_fusion.py and adds an SM120 case (an added line naming sm120)."""
+    return "flashinfer_comm_fusion.py" in text and any(
+        ln.startswith("+") and not ln.startswith("+++") and "sm120" in ln.lower() for ln in text.splitlines()
+    )
+
+
+def _patch_trtllm_ipc(s: Stack) -> Iterator[Hit]:
+    if not _sm120(s) or s.server.env.get("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE") in (None, "0"):
+        return
+    for i, p in enumerate(s.patches):
+        if _opens_trtllm_on_sm120(p.text):
+            yield ("patches", i), {}
 
 
 def _fusion_patch(s: Stack) -> Iterator[Hit]:
@@ -224,6 +279,61 @@ class Rule:
 
 RULES: tuple[Rule, ...] = (
     Rule(
+        "sglang-cuda13",
+        "error",
+        _sglang_cuda13,
+        "sglang {version} requires cuda-python>=13.0 (every sglang from 0.5.11 on): a CUDA 13 closure "
+        "(nvidia-cuda-runtime 13, libcudart.so.13) needing driver >= 580, but this stack is CUDA {cuda} "
+        "(driver >= {floor}); pin sglang {last} (the last all-CUDA-12 release) or use a CUDA 13 base",
+        "sglang wheels' Requires-Dist on PyPI (cuda-python>=13.0 from 0.5.11; ==12.9 in 0.5.10.post1)",
+    ),
+    Rule(
+        "python-distro",
+        "error",
+        _python_distro,
+        'python {python} is not what {distro} installs (it has python{have}); set python: "{have}"',
+        "packages.ubuntu.com / packages.debian.org (see builder.lock.target.DISTROS)",
+    ),
+    Rule(
+        "python-sglang",
+        "error",
+        _python_sglang,
+        "sglang {sglang} ships wheels for python {have} only, not {python}; pick one of those",
+        "sglang's files and Requires-Python on PyPI",
+    ),
+    Rule(
+        "env-presence-bool",
+        "error",
+        _presence_env,
+        "{name} is set: {why}; remove it to keep the default",
+        "flashinfer 0.7.2 flashinfer/jit/core.py",
+    ),
+    Rule(
+        "cmake-option-env",
+        "error",
+        _cmake_env,
+        "{name} is a CMake option of {comp}, not an environment variable: the build never sees it; "
+        "move it to components.{comp}.source.cmake",
+        "sgl-kernel CMakeLists.txt option()/cache variables",
+    ),
+    Rule(
+        "flashinfer-source-noop",
+        "warning",
+        _flashinfer_noop,
+        "a flashinfer {version} source build compiles no CUDA (the wheel is the same py3-none-any as PyPI's); "
+        "drop source:, kernels come from the JIT cache or flashinfer's AOT jit-cache/cubin wheels",
+        "flashinfer 0.7.2 build backend and aot.py",
+    ),
+    Rule(
+        "patch-trtllm-displaces-ipc",
+        "warning",
+        _patch_trtllm_ipc,
+        "this patch lets FlashInfer's trtllm allreduce run on sm_120, and all_reduce() tries it before "
+        "pcie_ipc: it displaces the PCIe-IPC allreduce SGLANG_ENABLE_PCIE_IPC_ALLREDUCE asks for; fused "
+        "allreduce+RMSNorm stays off (add_norm.py flashinfer_ar_fusion_applies: SM90/SM100 only)",
+        "sglang 0.5.23 distributed/parallel_state.py all_reduce, layer_boundary/residual/add_norm.py",
+    ),
+    Rule(
         "arch-cuda",
         "error",
         _arch_cuda,
@@ -248,7 +358,7 @@ RULES: tuple[Rule, ...] = (
         "torch-index-cuda",
         "error",
         _torch_index_cuda,
-        "torch index {tag} does not match the stack's CUDA {cuda}; use the {want} index",
+        "torch index {tag} does not match the stack's CUDA {cuda}; use {want}",
         "torch wheels bundle their CUDA runtime; mixing majors breaks extensions",
     ),
     Rule(
@@ -262,8 +372,9 @@ RULES: tuple[Rule, ...] = (
         "sm120-fusion-patch",
         "error",
         _fusion_patch,
-        "{flag} on sm_120 with sglang {sglang} raises 'requires SM90 or SM10X'; add a patch to "
-        "srt/layers/flashinfer_comm_fusion.py (see stacks/patches/)",
+        "{flag} on sm_120 with sglang {sglang} raises 'requires SM90 or SM10X'; drop it (fused "
+        "allreduce+RMSNorm is gated to SM90/SM100 in add_norm.py) or add the trtllm-allreduce patch "
+        "(stacks/patches/), which enables FlashInfer's plain trtllm allreduce only",
         "sglang srt/layers/flashinfer_comm_fusion.py",
     ),
     Rule(
@@ -277,8 +388,9 @@ RULES: tuple[Rule, ...] = (
         "sm120-symm-mem",
         "warning",
         _symm_mem,
-        "--enable-torch-symm-mem has no effect on sm_120 (capability 12 is not in torch's table)",
-        "torch symmetric memory size table; sglang logs 'not supported'",
+        "--enable-torch-symm-mem has no effect on sm_120 (capability 12 is not in sglang's "
+        "TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES, which has 9 and 10 only)",
+        "sglang 0.5.23 TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES; it logs 'not supported'",
     ),
     Rule(
         "spec-running-cap",

@@ -25,7 +25,7 @@ from builder import proc
 from builder.errors import InfraError, InputError
 from builder.paths import cache_dir
 
-TABLE_FORMAT = 2
+TABLE_FORMAT = 3  # 3: env_bool
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Table:
     flags: dict[str, Flag] = field(default_factory=dict)  # every spelling -> Flag
     env: frozenset[str] = frozenset()
     requires: dict[str, str] = field(default_factory=dict)  # dist name -> exact pin
+    env_bool: frozenset[str] = frozenset()  # declared EnvBool*: parsed strictly, see check_env_value
 
     def to_json(self) -> str:
         canon = {f.name: asdict(f) for f in self.flags.values()}
@@ -52,6 +53,7 @@ class Table:
                 "version": self.version,
                 "flags": canon,
                 "env": sorted(self.env),
+                "env_bool": sorted(self.env_bool),
                 "requires": self.requires,
             },
             indent=1,
@@ -63,7 +65,9 @@ class Table:
         d = json.loads(text)
         if d.get("format") != TABLE_FORMAT:
             raise ValueError("old table format")
-        t = cls(d["version"], env=frozenset(d["env"]), requires=d.get("requires", {}))
+        t = cls(
+            d["version"], env=frozenset(d["env"]), requires=d.get("requires", {}), env_bool=frozenset(d["env_bool"])
+        )
         for f in d["flags"].values():
             flag = Flag(f["name"], tuple(f["aliases"]), f["takes_value"], f["deprecated"], f["replacement"])
             t.add(flag)
@@ -192,6 +196,21 @@ def _add_argument_flags(tree: ast.Module) -> list[Flag]:
     return out
 
 
+def _env_bools(tree: ast.Module) -> set[str]:
+    """Envs attributes declared `NAME = EnvBool(...)` (or EnvBoolWithAlias)."""
+    names: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Envs"):
+        for stmt in cls.body:
+            if (
+                isinstance(stmt, ast.Assign)
+                and isinstance(stmt.value, ast.Call)
+                and isinstance(stmt.value.func, ast.Name)
+                and stmt.value.func.id.startswith("EnvBool")
+            ):
+                names |= {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+    return names
+
+
 def _env_names(tree: ast.Module) -> set[str]:
     names: set[str] = set()
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Envs"):
@@ -235,7 +254,9 @@ def table_from_wheel(wheel: Path, version: str) -> Table:
         for f in _add_argument_flags(parse("sglang/srt/server_args.py")):
             if f.name not in t.flags:
                 t.add(f)
-        t.env = frozenset(_env_names(parse("sglang/srt/environ.py")))
+        environ = parse("sglang/srt/environ.py")
+        t.env = frozenset(_env_names(environ))
+        t.env_bool = frozenset(_env_bools(environ))
         meta = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
         if meta:
             t.requires = _requires(z.read(meta).decode("utf-8", "replace"))
@@ -359,3 +380,20 @@ def check_env(table: Table, name: str) -> FlagIssue | None:
     return FlagIssue(
         "error", f"env {name} is not read by sglang {table.version}: it would be silently ignored{hint}", "sglang-env"
     )
+
+
+# sglang's EnvBool.parse (srt/environ.py): these spellings, case-insensitive; anything else raises
+# ValueError when the server reads the variable.
+ENV_BOOL_VALUES = ("true", "1", "yes", "y", "false", "0", "no", "n")
+
+
+def check_env_value(table: Table, name: str, value: str) -> FlagIssue | None:
+    canonical = "SGLANG_" + name[len("SGL_") :] if name.startswith("SGL_") else name
+    if canonical in table.env_bool and value.lower() not in ENV_BOOL_VALUES:
+        return FlagIssue(
+            "error",
+            f"env {name}={value!r}: sglang {table.version} parses it as a boolean and raises on that value; "
+            "use 1/0 or true/false",
+            "sglang-env-bool",
+        )
+    return None

@@ -30,6 +30,8 @@ class SourceBuild(_Model):
     repo: str
     ref: str
     env: dict[str, str] = Field(default_factory=dict)
+    # CMake cache variables (-D NAME=VALUE), passed as pip --config-settings=cmake.define.NAME=VALUE
+    cmake: dict[str, str] = Field(default_factory=dict)
 
 
 class Component(_Model):
@@ -109,6 +111,15 @@ class Build(_Model):
     apt: tuple[str, ...] = ()
 
 
+class LockSpec(_Model):
+    """Inputs to `stackbuild lock` beyond the components: what pins the resolution in time and space."""
+
+    # Resolve as of this instant (RFC 3339): an old release's unpinned dependencies move on after it.
+    exclude_newer: str | None = None
+    constraints: tuple[str, ...] = ()  # extra `name<op>version` constraints, each with its reason in the YAML
+    platform: str | None = None  # uv --python-platform; default from the base image's distro
+
+
 class GateSpec(_Model):
     default_profile: str = "quick"
     profiles: dict[str, GateProfile] = Field(default_factory=dict)
@@ -139,6 +150,7 @@ class Stack(_Model):
     server: Server
     runtime: Runtime = Field(default_factory=Runtime)
     build: Build = Field(default_factory=Build)
+    lock: LockSpec = Field(default_factory=LockSpec)
     gate: GateSpec = Field(default_factory=GateSpec)
     host: Host = Field(default_factory=Host)
     variants: tuple[str, ...] = ()  # names of all variants this stack offers

@@ -30,12 +30,35 @@ runtime:
 """
 
 
-def project(tmp_path: Path, files: dict[str, str]) -> Path:
+def project(tmp_path: Path, files: dict[str, str], *, lock: bool = True) -> Path:
+    """stacks/ under tmp_path; with `lock`, each loadable sglang stack gets an empty, fresh lock
+    (so tests about other checks are not about the lock)."""
     for rel, text in files.items():
         p = tmp_path / "stacks" / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text)
+    if lock:
+        for rel in files:
+            if rel.endswith(".yaml") and "/" not in rel and not rel.startswith("_"):
+                write_empty_lock(tmp_path, rel.removesuffix(".yaml"))
     return tmp_path
+
+
+def write_empty_lock(root: Path, name: str, body: str = "") -> None:
+    """A lock whose inputs match the stack, with `body` as its resolved part."""
+    from builder.errors import SpecError
+    from builder.lock.resolve import header
+    from builder.lock.target import lock_path, target_of
+    from builder.spec import load_stack
+
+    try:
+        stack = load_stack(name, root=root)
+    except SpecError:
+        return
+    t = target_of(stack)
+    if t is not None:
+        lock_path(stack).parent.mkdir(parents=True, exist_ok=True)
+        lock_path(stack).write_text(header(t, name, []) + body)
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str, cwd: Path | None = None) -> tuple[int, list[str], str]:
@@ -51,3 +74,8 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str, cwd: Path | None = N
         os.chdir(old)
     out, err = capsys.readouterr()
     return rc, [ln for ln in err.splitlines() if ln.strip()], out
+
+
+def source_component(comp: str, version: str, repo: str, ref: str, last: str) -> str:
+    """A components entry built from source, as YAML lines under `components:`; `last` is its final key."""
+    return f"  {comp}:\n    version: {version}\n    source:\n      repo: {repo}\n      ref: {ref}\n      {last}\n"

@@ -108,8 +108,9 @@ CASES = [
     pytest.param(
         BASE.replace("    --tp-size: 8\n", "    --tp-size: 8\n    --flashinfer-allreduce-fusion-backend: auto\n"),
         "stacks/s.yaml:13:5: error: --flashinfer-allreduce-fusion-backend on sm_120 with sglang 0.5.23 raises "
-        "'requires SM90 or SM10X'; add a patch to srt/layers/flashinfer_comm_fusion.py (see stacks/patches/) "
-        "[sm120-fusion-patch]",
+        "'requires SM90 or SM10X'; drop it (fused allreduce+RMSNorm is gated to SM90/SM100 in add_norm.py) "
+        "or add the trtllm-allreduce patch (stacks/patches/), which enables FlashInfer's plain trtllm "
+        "allreduce only [sm120-fusion-patch]",
         id="fusion-needs-patch",
     ),
     pytest.param(
@@ -146,7 +147,7 @@ def test_warnings_alone_exit_zero(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert rc == 0
     assert err == [
         "stacks/s.yaml:13:5: warning: --enable-torch-symm-mem has no effect on sm_120 (capability 12 is not "
-        "in torch's table) [sm120-symm-mem]",
+        "in sglang's TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES, which has 9 and 10 only) [sm120-symm-mem]",
         "stacks/s.yaml:14:5: warning: speculative decoding without --max-running-requests silently caps the "
         "batch at 48; set it [spec-running-cap]",
         "stacks/s.yaml:15:5: warning: server.flags: '--disable-cuda-graph' is deprecated in sglang 0.5.23; "

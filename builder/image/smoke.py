@@ -1,7 +1,12 @@
 """Smoke test of a freshly built image, with no GPU: versions, patches, flags, /health.
 
-The checks that decide are pure functions over what the image printed; the
-runner only collects that output through the engine module.
+For an sglang image on a GPU-less build machine: every version against the lock
+and torch.version.cuda (the image's own verify_image.py), `pip check`, the
+patches, and sglang's own argument parser accepting the rendered flags (parsed,
+not launched). Importing the kernels needs libcuda.so.1, which only the NVIDIA
+container runtime provides, so that check runs only where a GPU runtime is
+(`gpu=True`). The checks that decide are pure functions over what the image
+printed; the runner only collects that output through the engine module.
 """
 
 from __future__ import annotations
@@ -37,10 +42,42 @@ def expected_versions(stack: Stack) -> dict[str, str]:
     return {DISTS[name][0]: c.version for name, c in stack.components.items()}
 
 
-def imports(stack: Stack) -> list[str]:
+def imports(stack: Stack, *, gpu: bool = False) -> list[str]:
+    """Modules to import: the simulator's own, or the kernels only where a GPU runtime is."""
     if stack.server.engine == "sim":
         return ["builder", "builder.sim"]
-    return [DISTS[name][1] for name, _ in stack.components.items()]
+    return [DISTS[name][1] for name, _ in stack.components.items()] if gpu else []
+
+
+# sglang's own parser, built the way prepare_server_args builds it (ServerArgs.add_cli_args), but
+# with prefix abbreviations off so `--tp` is refused as validate refuses it. Parsing imports
+# torch, not the kernels, and starts nothing.
+PARSER_SCRIPT = (
+    "import argparse, sys\n"
+    "from sglang.srt.server_args import ServerArgs\n"
+    "p = argparse.ArgumentParser(prog='sglang.launch_server', allow_abbrev=False)\n"
+    "ServerArgs.add_cli_args(p)\n"
+    "p.parse_args(sys.argv[1:])\n"
+    "print('SERVER-ARGS-OK')\n"
+)
+
+
+def parser_argv(stack: Stack) -> list[str]:
+    """python -c PARSER_SCRIPT followed by exactly the server's rendered arguments (pure)."""
+    args = server_argv(stack, port=stack.runtime.port)
+    return ["python3", "-c", PARSER_SCRIPT, *args[args.index("--model-path") :]]
+
+
+def verify_argv(torch_cuda: str) -> list[str]:
+    return ["python3", "/opt/stackbuild/verify_image.py", "/opt/stackbuild/requirements.lock", torch_cuda]
+
+
+def verify_problems(rc: int, output: str) -> list[str]:
+    """MISMATCH lines of verify_image.py, or why it did not run (pure)."""
+    bad = [ln.removeprefix("MISMATCH ") for ln in output.splitlines() if ln.startswith("MISMATCH ")]
+    if rc != 0 and not bad:
+        bad = [f"verify_image.py exited {rc}: {output.strip()[-300:]}"]
+    return bad
 
 
 def versions_script(dists: list[str], modules: list[str]) -> str:
@@ -92,17 +129,21 @@ def patch_check_command(patch_names: list[str]) -> list[str]:
     return ["bash", "-c", f"site={site}; " + "; ".join(checks)]
 
 
-def smoke_test(c: Any, image: str, stack: Stack) -> list[str]:
+def smoke_test(c: Any, image: str, stack: Stack, *, gpu: bool = False) -> list[str]:
     """Run every check; raise InfraError naming each mismatch. Returns what was checked."""
     problems: list[str] = []
     done: list[str] = []
     want = expected_versions(stack)
-    rc, out = engine.run_once(c, image, ["python3", "-c", versions_script(sorted(want), imports(stack))])
+    mods = imports(stack, gpu=gpu)
+    rc, out = engine.run_once(c, image, ["python3", "-c", versions_script(sorted(want), mods)])
     if rc != 0:
-        problems.append(f"importing {', '.join(imports(stack))} failed: {out.strip().splitlines()[-1:]}")
+        problems.append(f"importing {', '.join(mods) or 'metadata'} failed: {out.strip().splitlines()[-1:]}")
     else:
         problems += version_mismatches(want, parse_versions(out))
         done.append("versions " + ", ".join(f"{k}={v}" for k, v in sorted(want.items())))
+        done += [f"imported {', '.join(mods)}"] if mods and stack.server.engine == "sglang" else []
+    if stack.server.engine == "sglang":
+        problems += _sglang_checks(c, image, stack, done)
     if stack.patches:
         names = [p.name for p in stack.patches]
         rc, out = engine.run_once(c, image, patch_check_command(names))
@@ -111,6 +152,36 @@ def smoke_test(c: Any, image: str, stack: Stack) -> list[str]:
         if rc != 0 and not bad:
             problems.append(f"patch check failed to run: {out.strip()[-300:]}")
         done.append(f"{len(names)} patch(es) applied")
+    if stack.server.engine == "sim":  # an sglang image had its flags parsed by sglang's parser above
+        _help_check(c, image, stack, problems, done)
+    if stack.server.engine == "sim" and not problems:
+        _health(c, image, stack)
+        done.append("server answered /health")
+    if problems:
+        raise InfraError(f"smoke test of {image} failed: " + "; ".join(problems))
+    return done
+
+
+def _sglang_checks(c: Any, image: str, stack: Stack, done: list[str]) -> list[str]:
+    from builder.lock.render_ctx import lock_text, torch_cuda
+
+    problems: list[str] = []
+    rc, out = engine.run_once(c, image, verify_argv(torch_cuda(stack, lock_text(stack))))
+    bad = verify_problems(rc, out)
+    problems += bad
+    done += [] if bad else ["every locked version installed, torch.version.cuda as locked"]
+    rc, out = engine.run_once(c, image, ["python3", "-m", "pip", "check"])
+    problems += [f"pip check: {out.strip()[-300:]}"] if rc != 0 else []
+    done += [] if rc != 0 else ["pip check"]
+    rc, out = engine.run_once(c, image, parser_argv(stack))
+    if rc != 0 or "SERVER-ARGS-OK" not in out:
+        problems.append(f"sglang's parser refused the rendered flags: {out.strip()[-300:]}")
+    else:
+        done.append(f"sglang's parser accepts {len(spec_flags(stack))} server flags")
+    return problems
+
+
+def _help_check(c: Any, image: str, stack: Stack, problems: list[str], done: list[str]) -> None:
     head = server_argv(stack, port=1)
     head = head[: head.index("--model-path")]
     rc, out = engine.run_once(c, image, [*head, "--help"])
@@ -121,12 +192,6 @@ def smoke_test(c: Any, image: str, stack: Stack) -> list[str]:
         problems.append(f"the server's --help does not accept {', '.join(missing)}")
     else:
         done.append(f"{len(spec_flags(stack))} server flags accepted")
-    if stack.server.engine == "sim" and not problems:
-        _health(c, image, stack)
-        done.append("server answered /health")
-    if problems:
-        raise InfraError(f"smoke test of {image} failed: " + "; ".join(problems))
-    return done
 
 
 def _free_port() -> int:

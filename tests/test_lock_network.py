@@ -1,0 +1,138 @@
+"""The resolver and the audit against the real package index (marked `network`; CI runs them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from builder.lock import audit, resolve, target, wheels
+
+pytestmark = pytest.mark.network
+
+# torch-memory-saver 0.0.9 (sglang 0.5.10.post1's pin): a 0.5 MB native wheel that links the CUDA runtime.
+SMALL = target.Target(
+    python="3.12",
+    platform="x86_64-manylinux_2_39",
+    requirements=("torch-memory-saver==0.0.9",),
+    source_built=(),
+    index_url=target.PYPI,
+    extra_index_urls=(),
+    exclude_newer="2026-04-09T23:59:59Z",
+    constraints=(),
+)
+
+
+@pytest.fixture(scope="module")
+def small_lock() -> resolve.Lock:
+    return resolve.parse(resolve.header(SMALL, "t", []) + resolve.resolve(SMALL))
+
+
+def test_uv_resolves_a_hash_pinned_lock_with_its_index(small_lock: resolve.Lock) -> None:
+    lock = small_lock
+    e = lock.entries["torch-memory-saver"]
+    assert (e.version, e.index, lock.inputs_hash) == ("0.0.9", "https://pypi.org/simple", SMALL.inputs_hash())
+    assert len(e.hashes) >= 1 and all(len(h) == 64 for h in e.hashes)
+    # the same inputs give the same file (no temp paths): the lock's digest is in the image's content hash
+    assert resolve.resolve(SMALL) == lock.text.split("\n", 5)[5]
+
+
+def test_a_real_native_wheel_is_fetched_by_sha256_and_audited(
+    small_lock: resolve.Lock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STACKBUILD_CACHE_DIR", str(tmp_path))
+    w = wheels.locate(small_lock.entries["torch-memory-saver"], SMALL)
+    assert w.name == "torch_memory_saver-0.0.9-cp39-abi3-manylinux2014_x86_64.whl" and w.native
+    a = audit.audit_cached(w.sha256, w.name, lambda: wheels.fetch(w))
+    assert (a.cuda_links, a.sass, a.ptx) == ({"libcudart.so.12": 12}, [], [])
+    assert wheels.cached(w.sha256) == tmp_path / "wheels" / f"{w.sha256}.whl"
+    assert audit.cached_audit(w.sha256) == a  # the second look needs neither the index nor the wheel
+
+
+def test_yesterdays_cuda128_stack_resolves_to_cuda13_and_says_so(tmp_path: Path) -> None:
+    """sglang 0.5.23 on a CUDA 12.8.1 base: the real resolution holds CUDA 13 packages; each is an error
+    located at the component that pulled it in, naming the 580 driver it needs."""
+    from helpers_spec import project
+
+    from builder.lock import check
+    from builder.spec import load_stack
+
+    spec = (
+        "base_image: nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04\n"
+        'cuda: "12.8.1"\n'
+        "arches: [sm_120]\n"
+        'python: "3.12"\n'
+        "components:\n"
+        "  torch: {version: 2.14.1}\n"
+        "  sgl_kernel: {version: 0.4.10}\n"
+        "  flashinfer: {version: 0.7.2}\n"
+        "  sglang: {version: 0.5.23}\n"
+        "server: {model_path: /models/m}\n"
+        "lock: {exclude_newer: '2026-11-01T00:00:00Z'}\n"
+    )
+    root = project(tmp_path, {"old.yaml": spec}, lock=False)
+    stack = load_stack("old", root=root)
+    t = target.target_of(stack)
+    assert t is not None
+    found = [str(f) for f in check.cuda_packages(stack, resolve.parse(resolve.resolve(t)))]
+    runtime = [f for f in found if "nvidia-cuda-runtime==13." in f]
+    assert len(runtime) == 1 and runtime[0].endswith(
+        "(pulled in by sglang) is a CUDA 13 package, which needs driver >= 580; "
+        "this stack is CUDA 12.8.1 (driver >= 570) [lock-cuda-major]"
+    )
+    assert runtime[0].split(": error: ")[0].endswith("stacks/old.yaml:9:3")  # components.sglang
+    assert any("cuda-python==13." in f for f in found) and any("nvidia-nccl-cu13" in f for f in found)
+
+
+def test_a_python_the_release_has_no_wheels_for_is_located_at_python(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from helpers_spec import BASE, project, run_cli
+
+    text = BASE.replace(', index: "https://download.pytorch.org/whl/cu130"', "") + 'python: "3.10"\n'
+    root = project(tmp_path, {"s.yaml": text}, lock=False)
+    rc, err, _ = run_cli(capsys, "--root", str(root), "lock", "s")
+    assert rc == 2
+    assert err[1].startswith("stacks/s.yaml:18:1: error: no resolution: Because sglang==0.5.23 has no wheels")
+    assert err[1].endswith(
+        "(v0.5.23) with the following Python implementation tags: `cp311`, `cp312`, `cp313` [lock-unsatisfiable]"
+    )
+    assert not (root / "stacks" / "locks").exists()
+
+
+def _pinned(name: str, version: str, t: target.Target) -> wheels.WheelFile:
+    files = [f for f in wheels.index_files(target.PYPI, name) if f"-{version}-" in f.name]
+    got = wheels.choose(files, t)
+    assert got is not None
+    return got
+
+
+def test_fatbin_reading_agrees_with_nvidia_cuobjdump(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchaudio 2.11.0 (1.7 MB, in the cuda13 closure) read by our parser and by cuobjdump 13.5 (PyPI)."""
+    import re
+    import subprocess
+    import zipfile
+
+    from builder.lock.elf import read_elf_path
+
+    monkeypatch.setenv("STACKBUILD_CACHE_DIR", str(tmp_path / "cache"))
+    t = SMALL
+    tool = wheels.fetch(_pinned("nvidia-cuda-cuobjdump", "13.5.37", t))
+    with zipfile.ZipFile(tool) as z:
+        cuobjdump = Path(z.extract("nvidia/cu13/bin/cuobjdump", tmp_path))
+    cuobjdump.chmod(0o755)
+    wheel = wheels.fetch(_pinned("torchaudio", "2.11.0", t))
+    ours: tuple[set[int], set[int]] = (set(), set())
+    theirs: tuple[set[int], set[int]] = (set(), set())
+    with zipfile.ZipFile(wheel) as z:
+        for n in (n for n in z.namelist() if re.search(r"\.so(\.\d+)*$", n)):
+            so = tmp_path / "x.so"
+            so.write_bytes(z.read(n))
+            facts = read_elf_path(so)
+            assert facts is not None
+            ours[0].update(facts.gpu.sass)
+            ours[1].update(facts.gpu.ptx)
+            for flag, dest in (("--list-elf", theirs[0]), ("--list-ptx", theirs[1])):
+                out = subprocess.run([str(cuobjdump), flag, str(so)], capture_output=True, text=True).stdout
+                dest.update(int(a) for a in re.findall(r"sm_(\d+)", out))
+    assert theirs[0] and ours == theirs
