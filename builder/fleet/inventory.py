@@ -34,9 +34,14 @@ def load_inventory(path: Path) -> Inventory:
         findings = []
         for e in err.errors():
             path_ = tuple(p for p in e["loc"] if isinstance(p, int) or str(p) in _KEYS or str(p).startswith("-"))
-            pos = loc.pos(path_)
+            if e["type"] == "extra_forbidden":
+                path_ = (*path_, e["loc"][-1])
+                pos = loc.keys.get(path_, loc.pos(path_))
+                msg = "unknown key; remove it or fix its spelling"
+            else:
+                pos = loc.pos(path_)
+                msg = e["msg"].removeprefix("Value error, ")
             what = ".".join(str(p) for p in path_) or "(top level)"
-            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
             findings.append(Finding(pos.file, pos.line, pos.col, "error", f"{what}: {msg}", "inventory"))
         raise SpecError(findings) from err
 

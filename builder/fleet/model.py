@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 FlagValue = str | int | float | bool | list[str | int | float] | None
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -53,7 +53,7 @@ class FleetHost(_Model):
         return self.address or self.name
 
 
-WaveStep = int | str
+WaveStep = StrictInt | str  # strict: YAML `true` is not a host count
 
 
 class Fleet(_Model):
