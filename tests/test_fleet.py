@@ -11,7 +11,7 @@ import pytest
 from builder.errors import InputError, SpecError
 from builder.fleet.inventory import host_stack, load_inventory, select
 from builder.fleet.model import Fleet, FleetHost
-from builder.fleet.plan import decide_wave, outliers, plan_waves, remaining
+from builder.fleet.plan import decide_wave, host_class, outliers, plan_waves, remaining, spread
 from builder.fleet.rollout import DeployResult, HostRow, HostView, Settings, run_rollout
 from builder.fleet.soak import Sample, judge, parse_counters, soak
 from builder.spec import load_stack
@@ -58,7 +58,19 @@ def test_outliers_against_the_canary() -> None:
     ref = {1: 100.0, 8: 400.0}
     got = outliers(ref, {"h1": {1: 95.0, 8: 410.0}, "h2": {1: 100.0, 8: 250.0}, "h3": {}}, 0.1)
     assert list(got) == ["h2"]
-    assert got["h2"].startswith("C=8: 250.0 tok/s is 0.62x the canary's 400.0")
+    assert got["h2"] == ("C=8: 250.0 tok/s is 0.62x the canary's 400.0 "
+                         "(allowed 10%: class tolerance or the runs' own spread)")
+    # within the noise both gates measured, a 20% gap is not a sick host; beyond it, it is
+    noisy = {"": {1: 0.15}, "h1": {1: 0.1}}
+    assert outliers(ref, {"h1": {1: 120.0}}, 0.1, noisy) == {}
+    assert list(outliers(ref, {"h1": {1: 130.0}}, 0.1, noisy)) == ["h1"]
+
+
+def test_spread_and_host_class() -> None:
+    assert spread([90.0, 100.0, 110.0]) == pytest.approx(0.2)
+    assert spread([5.0]) == 0.0
+    assert host_class("none", None, None) == "no GPU"
+    assert host_class(8, "RTX PRO 6000", "580.65") == "8x RTX PRO 6000, driver 580.65"
 
 
 def test_fleet_model_rejects_bad_waves() -> None:

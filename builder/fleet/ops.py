@@ -17,7 +17,7 @@ from pathlib import Path
 from builder.errors import StackbuildError
 from builder.fleet.inventory import host_stack
 from builder.fleet.model import FleetHost
-from builder.fleet.plan import host_class
+from builder.fleet.plan import host_class, spread
 from builder.fleet.rollout import DeployResult, HostView
 from builder.fleet.soak import Sample, parse_counters, soak
 from builder.gate.result import GateResult
@@ -135,10 +135,12 @@ class RealOps:
         self.say(host, lines)
         rep = reports[-1]
         medians: dict[int, float] = {}
+        noise: dict[int, float] = {}
         if rep.gate_json:
             g = GateResult.model_validate_json(rep.gate_json)
             medians = {lv.concurrency: lv.median_output_tok_s for lv in g.levels}
-        return DeployResult(rep.outcome, code, rep.verdict, rep.cause, medians)
+            noise = {lv.concurrency: spread([r.output_tok_s for r in lv.runs]) for lv in g.levels}
+        return DeployResult(rep.outcome, code, rep.verdict, rep.cause, medians, noise)
 
     def soak(self, host: str, seconds: float, interval_s: float) -> str | None:
         from builder.host.ready import generate_probe, http_status, parse_show

@@ -94,9 +94,15 @@ def outliers(
     reference: Mapping[int, float],
     per_host: Mapping[str, Mapping[int, float]],
     tolerance: float,
+    noise: Mapping[str, Mapping[int, float]] | None = None,
 ) -> dict[str, str]:
-    """Hosts whose median tok/s at some level is further than `tolerance` (relative) from the
-    reference host's (the canary) at the same level: host -> why."""
+    """Hosts whose median tok/s at some level is further from the reference host's (the canary)
+    than the noise both gates measured there, and than `tolerance`: host -> why.
+
+    `noise[host][c]` is the relative spread of that host's runs at level c (the
+    reference's own under the key ""); a level without it counts as noiseless.
+    """
+    noise = noise or {}
     flagged: dict[str, str] = {}
     for host, levels in per_host.items():
         for c, ref in sorted(reference.items()):
@@ -104,13 +110,25 @@ def outliers(
             if got is None or ref <= 0:
                 continue
             ratio = got / ref
-            if abs(ratio - 1) > tolerance:
+            allowed = max(tolerance, noise.get("", {}).get(c, 0.0) + noise.get(host, {}).get(c, 0.0))
+            if abs(ratio - 1) > allowed:
                 flagged[host] = (f"C={c}: {got:.1f} tok/s is {ratio:.2f}x the canary's {ref:.1f} "
-                                 f"(class tolerance {tolerance:.0%})")
+                                 f"(allowed {allowed:.0%}: class tolerance or the runs' own spread)")
                 break
     return flagged
 
 
+def spread(values: Sequence[float]) -> float:
+    """Relative spread of a level's runs: (max - min) / median; 0 for fewer than two."""
+    if len(values) < 2:
+        return 0.0
+    v = sorted(values)
+    mid = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+    return (v[-1] - v[0]) / mid if mid > 0 else 0.0
+
+
 def host_class(gpus: object, gpu_model: str | None, driver: str | None) -> str:
     """Hosts are compared within a class: GPU count x model and driver."""
-    return f"{gpus}x {gpu_model or '?'} driver {driver or '?'}"
+    if gpus == "none":
+        return "no GPU"
+    return f"{gpus}x {gpu_model or 'GPU'}" + (f", driver {driver}" if driver else "")

@@ -37,6 +37,7 @@ class DeployResult:
     verdict: str | None = None
     cause: str | None = None
     medians: Mapping[int, float] = field(default_factory=dict)  # candidate output tok/s per level
+    noise: Mapping[int, float] = field(default_factory=dict)  # relative spread of its runs per level
 
 
 class FleetOps(Protocol):
@@ -58,6 +59,7 @@ class HostRow:
     detail: str = ""
     flagged: str | None = None
     medians: dict[int, float] = field(default_factory=dict)
+    noise: dict[int, float] = field(default_factory=dict)
 
 
 class Recorder(Protocol):
@@ -174,14 +176,15 @@ def run_rollout(
                 row.outcome, row.detail = "failed", f"deploy: {_why(r)}"
             else:
                 row.outcome, row.verdict, row.detail = r.outcome, r.verdict, r.cause or ""
-                row.medians = dict(r.medians)
+                row.medians, row.noise = dict(r.medians), dict(r.noise)
             outcomes[h] = row.outcome
         if not ref and ref_host in results and outcomes.get(ref_host) == PASSED:
             ref = res.rows[ref_host].medians
         cls = ops.host_class(ref_host)
         same = {h: res.rows[h].medians for h in hosts if outcomes[h] == PASSED and h != ref_host
                 and ops.host_class(h) == cls}
-        for h, why in outliers(ref, same, settings.outlier_tolerance).items():
+        noise = {h: res.rows[h].noise for h in same} | {"": res.rows[ref_host].noise}
+        for h, why in outliers(ref, same, settings.outlier_tolerance, noise).items():
             res.rows[h].flagged = why
             echo(f"fleet: FLAGGED {h}: reads off its class ({cls}): {why}")
         if settings.soak_s > 0 and all(o == PASSED for o in outcomes.values()):
