@@ -346,3 +346,8 @@ def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:
     r = run("deploy", "sim", "--fleet", "--inventory", str(bad), "--image", "r@sha256:" + "0" * 64)
     assert r.returncode == 2 and r.stderr.startswith(f"{bad}:2:11: error: hosts.0.name:")
     assert "Traceback" not in r.stderr
+    flagged = tmp_path / "flags.yaml"
+    flagged.write_text("hosts:\n  - name: a\n    flags: {--no-such-flag: 1}\n")
+    r = run("deploy", "sim", "--fleet", "--inventory", str(flagged), "--image", "r@sha256:" + "0" * 64)
+    assert r.returncode == 2, r.stderr
+    assert f"{flagged}: error: host a: server.flags: '--no-such-flag' is not a simulator option" in r.stderr

@@ -88,3 +88,18 @@ def host_stack(stack: Stack, h: FleetHost) -> Stack:
         "host": stack.host.model_copy(update=host),
         "server": stack.server.model_copy(update=server),
     })
+
+
+def check_host_flags(stack: Stack, hosts: list[FleetHost], where: str) -> None:
+    """Per-host flags pass the same flag check `validate` runs on server.flags, before any host
+    is touched; every error is one line naming the host (exit 2)."""
+    from builder.check import check_flags
+
+    problems = []
+    for h in hosts:
+        if h.flags:
+            for f in check_flags(host_stack(stack, h), offline=False):
+                if f.severity == "error" and any(flag in f.message for flag in h.flags):
+                    problems.append(f"{where}: error: host {h.name}: {f.message} [{f.rule}]")
+    if problems:
+        raise InputError("\n".join(problems))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from builder.fleet.inventory import fleet_of, select
+from builder.fleet.inventory import check_host_flags, fleet_of, select
 from builder.fleet.model import Fleet
 from builder.fleet.ops import RealOps
 from builder.fleet.plan import plan_waves
@@ -71,6 +71,7 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print) -> int:
 
     declared, fleet = fleet_of(args.stack, args.inventory)
     hosts = select(declared, args.hosts, str(args.stack.source))
+    check_host_flags(args.stack, hosts, str(args.inventory or args.stack.source))
     profile = gate_profile(args.stack, args.profile_name)
     settings = settings_for(fleet, args, profile.tolerance)
     waves = plan_waves([h.name for h in hosts], fleet.waves, fleet.max_parallel)
