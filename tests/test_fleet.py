@@ -309,20 +309,21 @@ def test_host_stack_applies_overrides_and_select_by_name() -> None:
 
 
 def test_ledger_rollouts_round_trip_and_resume_order(tmp_path: Path) -> None:
+    from builder.fleet.record import finish_rollout, record_host, rollouts, start_rollout
     from builder.ledger import Ledger
 
     with Ledger(tmp_path / "l.db") as db:
-        db.start_rollout(id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="halt",
-                         plan=[["a"], ["b"]])
-        db.record_rollout_host("r1", host="a", wave=0, outcome="promoted", verdict="pass", detail="",
+        start_rollout(db, id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="halt",
+                      plan=[["a"], ["b"]])
+        record_host(db, "r1", host="a", wave=0, outcome="promoted", verdict="pass", detail="",
                                flagged=None, medians={4: 120.5})
-        db.start_rollout(id="r2", stack="s", image="i@sha256:2", digest="sha256:2", policy="halt", plan=[["a"]])
-        db.finish_rollout("r2", "completed", None)
-        db.record_rollout_host("r1", host="a", wave=0, outcome="reverted", verdict="pass", detail="hf_" + "a" * 20,
+        start_rollout(db, id="r2", stack="s", image="i@sha256:2", digest="sha256:2", policy="halt", plan=[["a"]])
+        finish_rollout(db, "r2", "completed", None)
+        record_host(db, "r1", host="a", wave=0, outcome="reverted", verdict="pass", detail="hf_" + "a" * 20,
                                flagged=None, medians={4: 120.5})
-        db.start_rollout(id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="rollback_all",
-                         plan=[["a"], ["b"]])  # resumed: last by activity, running again
-        got = db.rollouts()
+        start_rollout(db, id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="rollback_all",
+                      plan=[["a"], ["b"]])  # resumed: last by activity, running again
+        got = rollouts(db)
     assert [(r.id, r.outcome, r.policy) for r in got] == [("r2", "completed", "halt"),
                                                           ("r1", "running", "rollback_all")]
     (a,) = got[1].hosts
@@ -351,3 +352,23 @@ def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:
     r = run("deploy", "sim", "--fleet", "--inventory", str(flagged), "--image", "r@sha256:" + "0" * 64)
     assert r.returncode == 2, r.stderr
     assert f"{flagged}: error: host a: server.flags: '--no-such-flag' is not a simulator option" in r.stderr
+
+
+def test_fleet_status_table() -> None:
+    from builder.fleet.record import RolloutHostRecord, RolloutRecord
+    from builder.fleet.status import HostStatusRow, render
+
+    rows = [HostStatusRow("h0", "svc0", True, "r@sha256:" + "a" * 64, "sim-good", "pass", None, None),
+            HostStatusRow("h1", "-", False, None, None, None, None, None, error="SSH to h1: refused")]
+    last = RolloutRecord("r1", "t0", "t1", "sim-good", "r@sha256:" + "a" * 64, "sha256:" + "a" * 64, "halt",
+                         [["h0"], ["h1"]], "stopped", "wave 1 failed",
+                         [RolloutHostRecord("h0", 0, "promoted", "pass", "", "C=8: off", {8: 1.0})])
+    assert render(rows, last).splitlines() == [
+        "| host | service | active | release | digest | last verdict | pending | lock |",
+        "|---|---|---|---|---|---|---|---|",
+        "| h0 | svc0 | active | sim-good | sha256:aaaaaaaaaaaa | pass |  |  |",
+        "| h1 | - | UNREACHABLE | | | | | SSH to h1: refused |",
+        "",
+        "last rollout r1 of sim-good (sha256:aaaaaaaaaaaa): stopped, on_failure=halt: wave 1 failed",
+        "  h0: promoted (pass) FLAGGED",
+    ]

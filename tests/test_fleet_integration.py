@@ -134,10 +134,11 @@ class Fleet:
             assert h.sh(f"test -d /var/lib/stackbuild/{self.service(i)}/lock").returncode != 0, f"h{i} lock held"
 
     def last_rollout(self) -> object:
+        from builder.fleet.record import rollouts
         from builder.ledger import Ledger
 
         with Ledger(self.ledger) as db:
-            return db.rollouts()[-1]
+            return rollouts(db)[-1]
 
     def status(self) -> str:
         r = subprocess.run(self.cli("status", "--fleet", "fleettest", "--inventory", str(self.inventory()),

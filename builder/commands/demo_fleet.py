@@ -31,6 +31,7 @@ def inventory_text(hosts: list[tuple[str, int, int]]) -> str:
 
 def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, registry: str, ledger: Path,
                    keep: bool, echo: Callable[[str], None]) -> None:
+    from builder.fleet.record import rollouts
     from builder.fleet.runner import FleetArgs, run_fleet
     from builder.fleet.status import read_fleet, render
     from builder.host import local
@@ -65,7 +66,7 @@ def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, regist
         base = load_stack("sim", root=root_opt)
         rows = read_fleet(base, ssh, None, inv)
         with Ledger(ledger) as db:
-            last = db.rollouts()[-1]
+            last = rollouts(db)[-1]
         echo(render(rows, last))
         wrong = [r.host for r in rows if r.release != "sim-eagle3-topk1-v2" or not r.active]
         if wrong:

@@ -294,6 +294,7 @@ def rollback_cmd(
 
 def _fleet_status(ctx: click.Context, stack_name: str, ssh: Any, hosts_csv: str | None,
                   inventory: Path | None, ledger: Path | None) -> None:
+    from builder.fleet.record import rollouts
     from builder.fleet.status import read_fleet, render
     from builder.ledger import Ledger, default_ledger_path
     from builder.spec import load_stack
@@ -304,7 +305,7 @@ def _fleet_status(ctx: click.Context, stack_name: str, ssh: Any, hosts_csv: str 
     last = None
     if path.exists():
         with Ledger(path) as db:
-            mine = [r for r in db.rollouts() if r.stack == stack.name or r.stack.startswith(stack.name + "-")]
+            mine = [r for r in rollouts(db) if r.stack == stack.name or r.stack.startswith(stack.name + "-")]
         last = mine[-1] if mine else None
     click.echo(render(rows, last))
     if any(r.error for r in rows):

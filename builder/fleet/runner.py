@@ -13,7 +13,7 @@ from builder.fleet.inventory import check_host_flags, fleet_of, select
 from builder.fleet.model import Fleet
 from builder.fleet.ops import RealOps
 from builder.fleet.plan import plan_waves
-from builder.fleet.rollout import HostRow, RolloutResult, Settings, run_rollout
+from builder.fleet.rollout import RolloutResult, Settings, run_rollout
 from builder.host.ssh import SshOptions
 from builder.spec import Stack
 
@@ -35,26 +35,6 @@ class FleetArgs:
     secrets: dict[str, str] = field(default_factory=dict)
 
 
-class LedgerRecorder:
-    """Writes the rollout's rows as they settle (a killed rollout leaves what it knew)."""
-
-    def __init__(self, path: Path, rollout_id: str) -> None:
-        self.path, self.id = path, rollout_id
-
-    def host(self, row: HostRow) -> None:
-        from builder.ledger import Ledger
-
-        with Ledger(self.path) as db:
-            db.record_rollout_host(self.id, host=row.host, wave=row.wave, outcome=row.outcome, verdict=row.verdict,
-                                   detail=row.detail, flagged=row.flagged, medians=row.medians)
-
-    def finish(self, outcome: str, cause: str | None) -> None:
-        from builder.ledger import Ledger
-
-        with Ledger(self.path) as db:
-            db.finish_rollout(self.id, outcome, cause)
-
-
 def settings_for(fleet: Fleet, args: FleetArgs, tolerance: float) -> Settings:
     return Settings(
         policy=args.on_failure or fleet.on_failure,
@@ -66,6 +46,7 @@ def settings_for(fleet: Fleet, args: FleetArgs, tolerance: float) -> Settings:
 
 
 def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print) -> int:
+    from builder.fleet.record import LedgerRecorder, rollouts, start_rollout
     from builder.host.runner import DeployArgs, gate_profile, resolve_image
     from builder.ledger import Ledger, default_ledger_path
 
@@ -80,14 +61,14 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print) -> int:
         DeployArgs(stack=args.stack, host_text="", ssh=args.ssh, strategy=args.stack.host.strategy,
                    image=args.image, registry=args.registry), echo)
     with Ledger(ledger) as db:
-        prior = [r for r in db.rollouts() if r.stack == args.stack.label and r.digest == digest
+        prior = [r for r in rollouts(db) if r.stack == args.stack.label and r.digest == digest
                  and r.image == image and r.outcome in ("running", "stopped")]
         rollout_id = prior[-1].id if prior else (
             f"r{datetime.now(UTC):%Y%m%d%H%M%S}-{_secrets.token_hex(2)}")
         reference = next((h.medians for h in prior[-1].hosts if h.host == waves[0][0] and h.medians),
                          None) if prior else None
-        db.start_rollout(id=rollout_id, stack=args.stack.label, image=image, digest=digest,
-                         policy=settings.policy, plan=waves)
+        start_rollout(db, id=rollout_id, stack=args.stack.label, image=image, digest=digest,
+                      policy=settings.policy, plan=waves)
     echo(f"fleet: rollout {rollout_id}{' (resumed)' if prior else ''} of {args.stack.label} {image}")
     echo("fleet: plan: " + " | ".join(
         f"{'canary' if i == 0 else f'wave {i}'}: {', '.join(w)}" for i, w in enumerate(waves)))

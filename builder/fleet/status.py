@@ -6,11 +6,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from builder.fleet.inventory import fleet_of, host_stack, select
 from builder.fleet.rollout import each
 from builder.host.ssh import SshOptions
 from builder.spec import Stack
+
+if TYPE_CHECKING:
+    from builder.fleet.record import RolloutRecord
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ def read_fleet(stack: Stack, ssh: SshOptions, hosts: list[str] | None, inventory
     return rows
 
 
-def render(rows: list[HostStatusRow], last_rollout: object | None) -> str:
+def render(rows: list[HostStatusRow], last_rollout: RolloutRecord | None) -> str:
     out = ["| host | service | active | release | digest | last verdict | pending | lock |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -79,9 +83,6 @@ def render(rows: list[HostStatusRow], last_rollout: object | None) -> str:
         out.append(f"| {r.host} | {r.service} | {'active' if r.active else 'NOT active'} | {r.release or 'none'} | "
                    f"{(r.digest or '')[:19]} | {r.verdict or ''} | {r.pending or ''} | {r.lock or ''} |")
     if last_rollout is not None:
-        from builder.ledger import RolloutRecord
-
-        assert isinstance(last_rollout, RolloutRecord)
         lr = last_rollout
         out.append(f"\nlast rollout {lr.id} of {lr.stack} ({lr.digest[:19]}): {lr.outcome}, on_failure={lr.policy}"
                    + (f": {lr.cause}" if lr.cause else ""))
