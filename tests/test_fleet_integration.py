@@ -30,8 +30,9 @@ from test_deploy_support import (
 
 pytestmark = pytest.mark.integration
 
-# Gate requests per deploy are bounded: readiness 1 + (warmup 1 + max_runs 6) x C=4 + 3 probes = 32,
-# so a server that dies after 40 passes its gate and fails under the soak's synthetic traffic.
+# Generations per deploy are bounded: readiness 1 + gate readiness 1 + warmup 1 + max_runs 6 x C=4
+# + 3 probes = 30, so a server that dies after 40 passes its gate and fails under the soak's
+# synthetic traffic (one generation per sample; the soak ends at the first regression).
 SPEC = """\
 name: fleettest
 description: fleet integration tests (sim at high speed, tiny gate)
@@ -233,7 +234,7 @@ def test_unreachable_host_refuses_before_any_change(on_baseline: Fleet) -> None:
 
 def test_soak_regression_rolls_the_wave_back(on_baseline: Fleet) -> None:
     f = on_baseline
-    r = f.rollout("dies", "--soak", "6")
+    r = f.rollout("dies", "--soak", "15")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "soak: REGRESSED" in r.stdout
     assert f.releases() == ["fleettest"] * 3
