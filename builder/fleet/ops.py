@@ -43,7 +43,9 @@ class RealOps:
     _out: threading.Lock = field(default_factory=threading.Lock)
 
     def stack_of(self, host: str) -> Stack:
-        return host_stack(self.stack, self.hosts[host])
+        hs = host_stack(self.stack, self.hosts[host])
+        # the registry channel moves once, when the whole rollout completed (runner.py), not per host
+        return hs.model_copy(update={"host": hs.host.model_copy(update={"channel": None})})
 
     def paths(self, host: str) -> HostPaths:
         hs = self.stack_of(host)

@@ -82,6 +82,11 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print) -> int:
                   registry=args.registry, profile_name=args.profile_name, tunnel=args.tunnel, ledger=ledger,
                   root=args.root, secrets=args.secrets, echo=echo)
     res = run_rollout(waves, ops, settings, LedgerRecorder(ledger, rollout_id), echo=echo, reference=reference)
+    if res.outcome == "completed" and args.stack.host.channel:
+        from builder import registry
+
+        registry.promote(image, channel=args.stack.host.channel)
+        echo(f"fleet: channel {args.stack.host.channel} -> {image}")
     echo("")
     echo(table(res, rollout_id))
     echo(f"fleet: rollout {rollout_id}: {res.outcome} (exit {res.exit_code})"
