@@ -91,6 +91,32 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX gate_runs_group ON gate_runs (fingerprint, host_class, name, finished_at)",
         "CREATE INDEX deploys_config ON deploys (config, recorded_at)",
     ),
+    # Fleet rollouts (builder/fleet): one row per rollout, one per host in it.
+    (
+        """CREATE TABLE rollouts (
+            id TEXT PRIMARY KEY,
+            started_at TEXT NOT NULL,
+            finished_at TEXT,
+            stack TEXT NOT NULL,
+            image TEXT NOT NULL,
+            digest TEXT NOT NULL,
+            policy TEXT NOT NULL,
+            plan_json TEXT NOT NULL,
+            outcome TEXT NOT NULL,
+            cause TEXT,
+            updated_at TEXT NOT NULL)""",
+        """CREATE TABLE rollout_hosts (
+            rollout_id TEXT NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
+            host TEXT NOT NULL,
+            wave INTEGER NOT NULL,
+            outcome TEXT NOT NULL,
+            verdict TEXT,
+            detail TEXT,
+            flagged TEXT,
+            medians_json TEXT NOT NULL,
+            recorded_at TEXT NOT NULL,
+            PRIMARY KEY (rollout_id, host))""",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 

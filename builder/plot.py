@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from pathlib import Path
 
 from builder.report import Group
@@ -46,7 +47,7 @@ def plot_group(group: Group, base: Path) -> list[Path]:
     out = []
     for ext in ("svg", "png"):
         path = base.with_suffix(f".{ext}")
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.{threading.get_ident()}")  # fleet: threads too
         fig.savefig(tmp, format=ext, dpi=110, metadata={"Date": None} if ext == "svg" else None)
         os.replace(tmp, path)
         out.append(path)

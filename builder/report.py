@@ -10,6 +10,7 @@ carries the numbers behind it.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,7 +370,7 @@ def write_report(ledger: Ledger, out: Path, *, plot: bool = True) -> Path:
         except ImportError:  # matplotlib is the optional `plot` extra: no plot, the report still lands
             plot_name = None
     text = render_markdown(report, plot_name)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}.{threading.get_ident()}")  # fleet: threads too
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, out)
     return out

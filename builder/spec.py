@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from builder.errors import Finding, SpecError
+from builder.fleet.model import Fleet, FleetHost
 from builder.gate.profile import GateProfile
 from builder.paths import StackRef, find_stack, stack_dirs
 from builder.yamlpos import Located, Pos, YamlProblem, load_located
@@ -133,6 +134,9 @@ class Host(_Model):
     channel: str | None = None
     state_dir: str = "/var/lib/stackbuild"
     driver: str | None = None  # known driver version, checked against the CUDA floor
+    hosts: tuple[FleetHost, ...] = ()  # a fleet (deploy --fleet); per-host overrides
+    inventory: str | None = None  # or a YAML file of hosts, relative to the stack root
+    fleet: Fleet = Field(default_factory=Fleet)
 
 
 class Stack(_Model):

@@ -35,8 +35,15 @@ HOST_CONTAINER = "stackbuild-demo-host"
 )
 @click.option("--registry", default="127.0.0.1:5000/stackbuild", show_default=True)
 @click.option("--host-name", default=HOST_CONTAINER, show_default=True, help="Name of the local host container.")
+@click.option(
+    "--fleet",
+    "fleet_n",
+    type=click.IntRange(1, 8),
+    default=None,
+    help="Start N local hosts and roll the sim stack out as a fleet: baseline, a failing and a passing candidate.",
+)
 @click.pass_context
-def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str) -> None:
+def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str, fleet_n: int | None) -> None:
     """Whole pipeline on the local sim stack and a local test host; prints the results table."""
     from builder.host import local
     from builder.host.runner import DeployArgs, pin, run_deploy
@@ -58,6 +65,11 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str)
     click.echo(f"demo: image {image}")
     ledger = root / ".stackbuild" / "ledger.db"
     record_build(base, built, ledger)
+    if fleet_n:
+        from builder.commands.demo_fleet import run_demo_fleet
+
+        run_demo_fleet(fleet_n, root, (ctx.obj or {}).get("root"), image, registry, ledger, keep_host, click.echo)
+        return
 
     work = root / ".stackbuild" / "demo"
     host = local.start(work, name=host_name)

@@ -100,6 +100,26 @@ def _root(ctx: click.Context) -> Path:
     help="Also write the deploy report as JSON here.",
 )
 @click.option("--dry-run", is_flag=True, help="Print every remote command; change nothing.")
+@click.option(
+    "--fleet", is_flag=True, help="Roll out to every host of the stack's fleet: canary, then gated, soaked waves."
+)
+@click.option(
+    "--hosts", "hosts_csv", default=None, help="With --fleet: only these hosts (inventory names or addresses), a,b,c."
+)
+@click.option(
+    "--inventory",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With --fleet: a YAML file of hosts (default: host.inventory or host.hosts of the spec).",
+)
+@click.option(
+    "--on-failure",
+    type=click.Choice(["halt", "rollback_all"]),
+    default=None,
+    help="With --fleet: on a failed wave, keep earlier waves (halt) or take them back too (default: the spec's).",
+)
+@click.option("--soak", "soak_s", type=click.FloatRange(min=0), default=None,
+              help="With --fleet: seconds to watch each wave after it is promoted (default: host.fleet.soak_s).")
 @click.pass_context
 def deploy_cmd(
     ctx: click.Context,
@@ -118,12 +138,43 @@ def deploy_cmd(
     ledger: Path | None,
     json_out: Path | None,
     dry_run: bool,
+    fleet: bool,
+    hosts_csv: str | None,
+    inventory: Path | None,
+    on_failure: str | None,
+    soak_s: float | None,
 ) -> None:
-    """Deploy STACK to a host over SSH, gate it against the incumbent, promote or roll back."""
+    """Deploy STACK to a host over SSH, gate it against the incumbent, promote or roll back.
+
+    With --fleet: to every host of the fleet, a canary first, then waves (see README "Fleet").
+    """
     from builder.host.runner import DeployArgs, run_deploy
     from builder.spec import load_stack
 
     stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"), variant=variant)
+    if fleet or hosts_csv or inventory:
+        from builder.fleet.runner import FleetArgs, run_fleet
+
+        if not fleet or host_text or dry_run or strategy or json_out:
+            raise InputError("--hosts/--inventory need --fleet; --fleet takes no --host, --dry-run, --strategy "
+                             "or --json (per-host settings live in the inventory)")
+        fargs = FleetArgs(
+            stack=stack,
+            ssh=_ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout),
+            hosts=[h.strip() for h in hosts_csv.split(",") if h.strip()] if hosts_csv else None,
+            inventory=inventory,
+            on_failure=on_failure,
+            soak_s=soak_s,
+            image=image,
+            registry=registry or stack.host.registry,
+            profile_name=profile_name,
+            tunnel=tunnel,
+            ledger=ledger,
+            root=_root(ctx),
+            secrets={n: os.environ[n] for n in stack.runtime.secrets if n in os.environ},
+        )
+        _exit(run_fleet(fargs, echo=click.echo))
+        return
     args = DeployArgs(
         stack=stack,
         host_text=host_text or stack.host.address or "",
@@ -149,7 +200,16 @@ def deploy_cmd(
 @click.option("--service", default="sglang", show_default=True, help="Service name on the host.")
 @click.option("--state-dir", default="/var/lib/stackbuild", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the host state as JSON.")
+@click.option("--fleet", "fleet_stack", metavar="STACK", default=None,
+              help="Every host of STACK's fleet: release, digest, last verdict, locks; and its last rollout.")
+@click.option("--hosts", "hosts_csv", default=None, help="With --fleet: only these hosts, a,b,c.")
+@click.option("--inventory", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --fleet: a YAML file of hosts.")
+@click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --fleet: ledger file (default: .stackbuild/ledger.db under the project root).")
+@click.pass_context
 def status_cmd(
+    ctx: click.Context,
     host_text: str | None,
     accept_new_host_key: bool,
     known_hosts: Path | None,
@@ -158,8 +218,16 @@ def status_cmd(
     service: str,
     state_dir: str,
     as_json: bool,
+    fleet_stack: str | None,
+    hosts_csv: str | None,
+    inventory: Path | None,
+    ledger: Path | None,
 ) -> None:
-    """What a host runs, which digest, the last verdict."""
+    """What a host runs, which digest, the last verdict (--fleet STACK: every host of a fleet)."""
+    if fleet_stack:
+        _fleet_status(ctx, fleet_stack, _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout),
+                      hosts_csv, inventory, ledger)
+        return
     from builder.host.converge import status
     from builder.host.ssh import connect, parse_host
     from builder.host.state import HostPaths
@@ -222,6 +290,26 @@ def rollback_cmd(
     finally:
         remote.close()
     click.echo(rep.render())
+
+
+def _fleet_status(ctx: click.Context, stack_name: str, ssh: Any, hosts_csv: str | None,
+                  inventory: Path | None, ledger: Path | None) -> None:
+    from builder.fleet.record import rollouts
+    from builder.fleet.status import read_fleet, render
+    from builder.ledger import Ledger, default_ledger_path
+    from builder.spec import load_stack
+
+    stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"))
+    rows = read_fleet(stack, ssh, [h.strip() for h in hosts_csv.split(",")] if hosts_csv else None, inventory)
+    path = ledger or default_ledger_path(_root(ctx))
+    last = None
+    if path.exists():
+        with Ledger(path) as db:
+            mine = [r for r in rollouts(db) if r.stack == stack.name or r.stack.startswith(stack.name + "-")]
+        last = mine[-1] if mine else None
+    click.echo(render(rows, last))
+    if any(r.error for r in rows):
+        _exit(4)
 
 
 def _need_host(host_text: str | None) -> str:

@@ -1,0 +1,374 @@
+"""Fleet rollout core: wave planning, wave decisions, outliers, soak judging, and the
+orchestration against a fake of FleetOps (exact calls and outcomes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from builder.errors import InputError, SpecError
+from builder.fleet.inventory import host_stack, load_inventory, select
+from builder.fleet.model import Fleet, FleetHost
+from builder.fleet.plan import decide_wave, host_class, outliers, plan_waves, remaining, spread
+from builder.fleet.rollout import DeployResult, HostRow, HostView, Settings, run_rollout
+from builder.fleet.soak import Sample, judge, parse_counters, soak
+from builder.spec import load_stack
+
+H = [f"h{i}" for i in range(8)]
+
+
+# --- plan ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, steps, maxp, want", [
+    (8, (1, "25%", "100%"), None, [["h0"], ["h1"], ["h2", "h3", "h4", "h5", "h6", "h7"]]),
+    (3, (1, "100%"), None, [["h0"], ["h1", "h2"]]),
+    (8, (1, "100%"), 3, [["h0"], ["h1", "h2", "h3"], ["h4", "h5", "h6"], ["h7"]]),
+    (1, (1, "25%", "100%"), None, [["h0"]]),
+    (5, (3,), None, [["h0"], ["h1", "h2"], ["h3", "h4"]]),  # canary alone; last wave reaches all
+    (4, ("50%", "50%", 2, "100%"), None, [["h0"], ["h1"], ["h2", "h3"]]),  # steps adding no host dropped
+    (0, (1, "100%"), None, []),
+])
+def test_plan_waves(n: int, steps: tuple[int | str, ...], maxp: int | None, want: list[list[str]]) -> None:
+    assert plan_waves(H[:n], steps, maxp) == want
+
+
+def test_remaining_resumes_at_the_first_wave_with_hosts_left() -> None:
+    waves = [["h0"], ["h1", "h2"], ["h3"]]
+    assert remaining(waves, {"h0", "h1"}) == [(1, ["h2"]), (2, ["h3"])]
+    assert remaining(waves, set(H)) == []
+
+
+def test_decide_wave_by_policy() -> None:
+    ok = decide_wave({"h1": "promoted", "h2": "promoted"}, ["h0"], "halt")
+    assert (ok.go_on, ok.failed, ok.revert) == (True, (), ())
+    halt = decide_wave({"h1": "promoted", "h2": "rolled-back"}, ["h0"], "halt")
+    assert (halt.go_on, halt.failed, halt.revert) == (False, ("h2",), ("h1",))
+    assert "earlier waves stay" in halt.why
+    back = decide_wave({"h1": "promoted", "h2": "rolled-back"}, ["h0"], "rollback_all")
+    assert back.revert == ("h1", "h0")
+    soaked = decide_wave({"h1": "soak-failed", "h2": "promoted"}, [], "halt",
+                         on_candidate=("promoted", "soak-failed"))
+    assert (soaked.failed, soaked.revert) == (("h1",), ("h1", "h2"))
+
+
+def test_outliers_against_the_canary() -> None:
+    ref = {1: 100.0, 8: 400.0}
+    got = outliers(ref, {"h1": {1: 95.0, 8: 410.0}, "h2": {1: 100.0, 8: 250.0}, "h3": {}}, 0.1)
+    assert list(got) == ["h2"]
+    assert got["h2"] == ("C=8: 250.0 tok/s is 0.62x the canary's 400.0 "
+                         "(allowed 10%: class tolerance or the runs' own spread)")
+    # within the noise both gates measured, a 20% gap is not a sick host; beyond it, it is
+    noisy = {"": {1: 0.15}, "h1": {1: 0.1}}
+    assert outliers(ref, {"h1": {1: 120.0}}, 0.1, noisy) == {}
+    assert list(outliers(ref, {"h1": {1: 130.0}}, 0.1, noisy)) == ["h1"]
+
+
+def test_spread_and_host_class() -> None:
+    assert spread([90.0, 100.0, 110.0]) == pytest.approx(0.2)
+    assert spread([5.0]) == 0.0
+    assert host_class("none", None, None) == "no GPU"
+    assert host_class(8, "RTX PRO 6000", "580.65") == "8x RTX PRO 6000, driver 580.65"
+
+
+def test_fleet_model_rejects_bad_waves() -> None:
+    for bad in ((), (0,), ("150%",), ("x",), (True,)):
+        with pytest.raises(ValueError):
+            Fleet(waves=bad)
+    assert Fleet(waves=(1, "25%", "100%")).on_failure == "halt"
+
+
+# --- soak ---------------------------------------------------------------------------
+
+
+def _s(**kw: object) -> Sample:
+    base: dict[str, object] = {"health_status": 200, "generate_ok": True, "generate_detail": "ok",
+                               "counters": {"sglang:num_requests_total": 10.0}}
+    base.update(kw)
+    return Sample(**base)  # type: ignore[arg-type]
+
+
+def test_parse_counters_sums_label_sets() -> None:
+    text = ('# TYPE sglang:num_requests_total counter\n'
+            'sglang:num_requests_total{model_name="m",is_streaming="true"} 3.0\n'
+            'sglang:num_requests_total{model_name="m",is_streaming="false"} 2.0\n'
+            'sglang:num_running_reqs{model_name="m"} 4.0\n'
+            'sglang:num_aborted_requests_total 1\n')
+    assert parse_counters(text) == {"sglang:num_requests_total": 5.0, "sglang:num_aborted_requests_total": 1.0}
+
+
+def test_judge_names_each_regression() -> None:
+    first = _s(counters={"sglang:num_requests_total": 10.0, "sglang:num_aborted_requests_total": 0.0})
+    assert judge(first, _s(counters={"sglang:num_requests_total": 12.0,
+                                     "sglang:num_aborted_requests_total": 0.0})) == []
+    assert judge(first, _s(health_status=None, generate_ok=False, generate_detail="refused", active="activating",
+                           restarts=1, counters={"sglang:num_requests_total": 2.0,
+                                                 "sglang:num_aborted_requests_total": 3.0})) == [
+        "unit is activating",
+        "systemd restarted the server 1 time(s)",
+        "/health_generate answered nothing",
+        "a generation failed: refused",
+        "sglang:num_aborted_requests_total rose by 3",
+        "sglang:num_requests_total went down (10 -> 2): the server restarted",
+    ]
+
+
+def test_soak_stops_at_the_first_regression() -> None:
+    t = [0.0]
+    samples = iter([_s(), _s(), _s(health_status=503), _s()])
+    res = soak(lambda: next(samples), 10.0, 1.0, clock=lambda: t[0],
+               sleep=lambda s: t.__setitem__(0, t[0] + s))
+    assert (res.ok, res.samples, res.detail) == (False, 3, "/health_generate answered 503")
+    t[0] = 0.0
+    res = soak(_s, 3.0, 1.0, clock=lambda: t[0], sleep=lambda s: t.__setitem__(0, t[0] + s))
+    assert (res.ok, res.samples) == (True, 4)
+
+
+# --- orchestration against a fake -------------------------------------------------------
+
+
+@dataclass
+class FakeOps:
+    unreachable: set[str] = field(default_factory=set)
+    fail: dict[str, str] = field(default_factory=dict)  # host -> outcome of its deploy
+    soak_bad: set[str] = field(default_factory=set)
+    on_candidate: set[str] = field(default_factory=set)
+    medians: dict[str, dict[int, float]] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    def preflight(self, host: str) -> str | None:
+        self.calls.append(("preflight", host))
+        return "ssh: connection refused" if host in self.unreachable else None
+
+    def view(self, host: str) -> HostView:
+        return HostView(on_candidate=host in self.on_candidate, verdict="pass")
+
+    def pull(self, host: str) -> str | None:
+        self.calls.append(("pull", host))
+        return None
+
+    def deploy(self, host: str) -> DeployResult:
+        self.calls.append(("deploy", host))
+        if host == "boom":
+            raise RuntimeError("ssh died")
+        outcome = self.fail.get(host, "promoted")
+        if outcome == "promoted":
+            self.on_candidate.add(host)
+        return DeployResult(outcome, 0 if outcome == "promoted" else 1, "pass" if outcome == "promoted" else "fail",
+                            None if outcome == "promoted" else "gate fail", self.medians.get(host, {1: 100.0}))
+
+    def soak(self, host: str, seconds: float, interval_s: float) -> str | None:
+        self.calls.append(("soak", host))
+        return "a generation failed" if host in self.soak_bad else None
+
+    def revert(self, host: str) -> str | None:
+        self.calls.append(("revert", host))
+        self.on_candidate.discard(host)
+        return None
+
+    def host_class(self, host: str) -> str:
+        return "1x sim"
+
+
+@dataclass
+class ListRecorder:
+    rows: dict[str, HostRow] = field(default_factory=dict)
+    finished: tuple[str, str | None] | None = None
+
+    def host(self, row: HostRow) -> None:
+        self.rows[row.host] = row
+
+    def finish(self, outcome: str, cause: str | None) -> None:
+        self.finished = (outcome, cause)
+
+
+WAVES = [["h0"], ["h1", "h2"], ["h3"]]
+
+
+def _run(ops: FakeOps, **kw: object) -> tuple[object, ListRecorder]:
+    rec = ListRecorder()
+    res = run_rollout(WAVES, ops, Settings(**kw), rec, echo=lambda s: None)  # type: ignore[arg-type]
+    return res, rec
+
+
+def _deploys(ops: FakeOps) -> list[str]:
+    return [h for what, h in ops.calls if what == "deploy"]
+
+
+def test_all_waves_pass() -> None:
+    ops = FakeOps()
+    res, rec = _run(ops)
+    assert (res.outcome, res.exit_code) == ("completed", 0)  # type: ignore[attr-defined]
+    assert sorted(_deploys(ops)[1:3]) == ["h1", "h2"] and _deploys(ops)[0] == "h0" and _deploys(ops)[3] == "h3"
+    assert {h: r.outcome for h, r in rec.rows.items()} == dict.fromkeys(["h0", "h1", "h2", "h3"], "promoted")
+    assert rec.finished is not None and rec.finished[0] == "completed"
+
+
+def test_unreachable_host_refuses_before_any_pull_or_deploy() -> None:
+    ops = FakeOps(unreachable={"h3"})
+    res, rec = _run(ops)
+    assert (res.outcome, res.exit_code) == ("refused", 4)  # type: ignore[attr-defined]
+    assert [w for w, _ in ops.calls] == ["preflight"] * 4
+    assert rec.rows["h3"].outcome == "refused" and rec.rows["h0"].outcome == "untouched"
+
+
+def test_canary_failure_touches_nothing_else() -> None:
+    ops = FakeOps(fail={"h0": "rolled-back"})
+    res, rec = _run(ops, policy="rollback_all")
+    assert (res.outcome, res.exit_code) == ("stopped", 1)  # type: ignore[attr-defined]
+    assert _deploys(ops) == ["h0"]
+    assert not [c for c in ops.calls if c[0] == "revert"]
+    assert [rec.rows[h].outcome for h in ("h0", "h1", "h2", "h3")] == ["rolled-back", "untouched", "untouched",
+                                                                        "untouched"]
+
+
+@pytest.mark.parametrize("policy, reverted, h0", [("halt", ["h1"], "promoted"),
+                                                  ("rollback_all", ["h0", "h1"], "reverted")])
+def test_later_wave_failure_by_policy(policy: str, reverted: list[str], h0: str) -> None:
+    ops = FakeOps(fail={"h2": "rolled-back"})
+    res, rec = _run(ops, policy=policy)
+    assert (res.outcome, res.exit_code) == ("stopped", 1)  # type: ignore[attr-defined]
+    assert sorted(h for w, h in ops.calls if w == "revert") == reverted
+    assert "h3" not in _deploys(ops)
+    assert [rec.rows[h].outcome for h in ("h0", "h1", "h2", "h3")] == [h0, "reverted", "rolled-back", "untouched"]
+    assert ops.on_candidate == ({"h0"} if policy == "halt" else set())
+
+
+def test_soak_regression_reverts_the_wave() -> None:
+    ops = FakeOps(soak_bad={"h2"})
+    res, rec = _run(ops, soak_s=5.0)
+    assert res.outcome == "stopped"  # type: ignore[attr-defined]
+    assert sorted(h for w, h in ops.calls if w == "revert") == ["h1", "h2"]
+    assert (rec.rows["h1"].outcome, rec.rows["h2"].outcome) == ("reverted", "soak-failed")
+    assert rec.rows["h2"].detail == "soak: a generation failed; put back to the incumbent"
+
+
+def test_resume_skips_hosts_on_the_candidate() -> None:
+    ops = FakeOps(on_candidate={"h0", "h1"})
+    res, rec = _run(ops, policy="rollback_all")
+    assert res.outcome == "completed"  # type: ignore[attr-defined]
+    assert _deploys(ops) == ["h2", "h3"]
+    assert [h for w, h in ops.calls if w == "pull"] == ["h2", "h3"]
+    assert (rec.rows["h0"].outcome, rec.rows["h1"].outcome) == ("already", "already")
+
+
+def test_resumed_failure_with_rollback_all_takes_back_earlier_runs_hosts_too() -> None:
+    ops = FakeOps(on_candidate={"h0", "h1"}, fail={"h2": "rolled-back"})
+    _run(ops, policy="rollback_all")
+    assert sorted(h for w, h in ops.calls if w == "revert") == ["h0", "h1"]
+
+
+def test_a_deploy_that_raises_fails_its_wave_as_infrastructure() -> None:
+    ops = FakeOps()
+    rec = ListRecorder()
+    res = run_rollout([["h0"], ["boom", "h1"]], ops, Settings(), rec, echo=lambda s: None)
+    assert (res.outcome, res.exit_code) == ("stopped", 4)
+    assert rec.rows["boom"].outcome == "failed" and rec.rows["boom"].detail == "deploy: ssh died"
+    assert [h for w, h in ops.calls if w == "revert"] == ["h1"]
+
+
+def test_outlier_is_flagged_not_failed() -> None:
+    ops = FakeOps(medians={"h0": {1: 100.0}, "h1": {1: 101.0}, "h2": {1: 50.0}, "h3": {1: 99.0}})
+    res, rec = _run(ops, outlier_tolerance=0.1)
+    assert res.outcome == "completed"  # type: ignore[attr-defined]
+    assert [h for h, r in rec.rows.items() if r.flagged] == ["h2"]
+
+
+# --- inventory ---------------------------------------------------------------------------
+
+
+def test_inventory_errors_point_into_the_file(tmp_path: Path) -> None:
+    p = tmp_path / "inv.yaml"
+    p.write_text("hosts:\n  - name: a\n    port: 99999\n  - name: b\n    sevice: x\nfleet:\n  waves: ['200%']\n")
+    with pytest.raises(SpecError) as exc:
+        load_inventory(p)
+    lines = str(exc.value).splitlines()
+    assert lines[0].startswith(f"{p}:3:11: error: hosts.0.port: Input should be less than or equal to 65535")
+    assert lines[1].startswith(f"{p}:5:5: error: hosts.1.sevice: unknown key")
+    assert lines[2].startswith(f"{p}:7:10: error: fleet.waves: wave '200%': write a percentage")
+
+
+def test_host_stack_applies_overrides_and_select_by_name() -> None:
+    stack = load_stack("sim")
+    h = FleetHost(name="b", address="root@10.0.0.2", port=32000, service="sim-b", flags={"--speed": 5})
+    hs = host_stack(stack, h)
+    assert (hs.runtime.port, hs.runtime.staging_port, hs.host.service, hs.host.address) == (
+        32000, stack.runtime.staging_port, "sim-b", "root@10.0.0.2")
+    assert hs.server.flags["--speed"] == 5 and hs.server.flags["--profile"] == "baseline"
+    a = FleetHost(name="a")
+    assert [x.name for x in select([a, h], ["b", "root@c:22"], "s")] == ["b", "root@c:22"]
+    with pytest.raises(InputError):
+        select([], None, "s")
+    with pytest.raises(InputError):
+        select([a, h], ["a", "a"], "s")
+
+
+# --- ledger and CLI boundary ---------------------------------------------------------------
+
+
+def test_ledger_rollouts_round_trip_and_resume_order(tmp_path: Path) -> None:
+    from builder.fleet.record import finish_rollout, record_host, rollouts, start_rollout
+    from builder.ledger import Ledger
+
+    with Ledger(tmp_path / "l.db") as db:
+        start_rollout(db, id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="halt",
+                      plan=[["a"], ["b"]])
+        record_host(db, "r1", host="a", wave=0, outcome="promoted", verdict="pass", detail="",
+                               flagged=None, medians={4: 120.5})
+        start_rollout(db, id="r2", stack="s", image="i@sha256:2", digest="sha256:2", policy="halt", plan=[["a"]])
+        finish_rollout(db, "r2", "completed", None)
+        record_host(db, "r1", host="a", wave=0, outcome="reverted", verdict="pass", detail="hf_" + "a" * 20,
+                               flagged=None, medians={4: 120.5})
+        start_rollout(db, id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="rollback_all",
+                      plan=[["a"], ["b"]])  # resumed: last by activity, running again
+        got = rollouts(db)
+    assert [(r.id, r.outcome, r.policy) for r in got] == [("r2", "completed", "halt"),
+                                                          ("r1", "running", "rollback_all")]
+    (a,) = got[1].hosts
+    assert (a.host, a.outcome, a.medians, a.detail) == ("a", "reverted", {4: 120.5}, "[redacted]")
+
+
+def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "builder", *args], capture_output=True, text=True,
+                              timeout=60)
+
+    r = run("deploy", "sim", "--fleet", "--image", "r@sha256:" + "0" * 64)
+    assert r.returncode == 2 and "no fleet: list hosts under host.hosts" in r.stderr
+    r = run("deploy", "sim", "--hosts", "a,b")
+    assert r.returncode == 2 and "--hosts/--inventory need --fleet" in r.stderr
+    bad = tmp_path / "inv.yaml"
+    bad.write_text("hosts:\n  - name: 'bad name'\n")
+    r = run("deploy", "sim", "--fleet", "--inventory", str(bad), "--image", "r@sha256:" + "0" * 64)
+    assert r.returncode == 2 and r.stderr.startswith(f"{bad}:2:11: error: hosts.0.name:")
+    assert "Traceback" not in r.stderr
+    flagged = tmp_path / "flags.yaml"
+    flagged.write_text("hosts:\n  - name: a\n    flags: {--no-such-flag: 1}\n")
+    r = run("deploy", "sim", "--fleet", "--inventory", str(flagged), "--image", "r@sha256:" + "0" * 64)
+    assert r.returncode == 2, r.stderr
+    assert f"{flagged}: error: host a: server.flags: '--no-such-flag' is not a simulator option" in r.stderr
+
+
+def test_fleet_status_table() -> None:
+    from builder.fleet.record import RolloutHostRecord, RolloutRecord
+    from builder.fleet.status import HostStatusRow, render
+
+    rows = [HostStatusRow("h0", "svc0", True, "r@sha256:" + "a" * 64, "sim-good", "pass", None, None),
+            HostStatusRow("h1", "-", False, None, None, None, None, None, error="SSH to h1: refused")]
+    last = RolloutRecord("r1", "t0", "t1", "sim-good", "r@sha256:" + "a" * 64, "sha256:" + "a" * 64, "halt",
+                         [["h0"], ["h1"]], "stopped", "wave 1 failed",
+                         [RolloutHostRecord("h0", 0, "promoted", "pass", "", "C=8: off", {8: 1.0})])
+    assert render(rows, last).splitlines() == [
+        "| host | service | active | release | digest | last verdict | pending | lock |",
+        "|---|---|---|---|---|---|---|---|",
+        "| h0 | svc0 | active | sim-good | sha256:aaaaaaaaaaaa | pass |  |  |",
+        "| h1 | - | UNREACHABLE | | | | | SSH to h1: refused |",
+        "",
+        "last rollout r1 of sim-good (sha256:aaaaaaaaaaaa): stopped, on_failure=halt: wave 1 failed",
+        "  h0: promoted (pass) FLAGGED",
+    ]

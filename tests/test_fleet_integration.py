@@ -1,0 +1,278 @@
+"""`stackbuild deploy --fleet` on three real systemd+sshd hosts (plus one that is not there).
+
+One module of hosts and one sim image; each scenario starts from every host on
+the baseline (rolled out by the fleet itself, which skips hosts already on it)
+and ends by checking every host serves, and that the ledger and
+`status --fleet` say what the hosts say.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from test_deploy_support import (
+    HostBox,
+    SimImage,
+    docker,
+    free_port,
+    generate,
+    need_infra,
+    sim_image,  # noqa: F401  (fixture)
+)
+
+pytestmark = pytest.mark.integration
+
+# Generations per deploy are bounded: readiness 1 + gate readiness 1 + warmup 1 + max_runs 6 x C=4
+# + 3 probes = 30, so a server that dies after 40 passes its gate and fails under the soak's
+# synthetic traffic (one generation per sample; the soak ends at the first regression).
+SPEC = """\
+name: fleettest
+description: fleet integration tests (sim at high speed, tiny gate)
+base_image: local/debian:bookworm
+cuda: null
+python: "3.11"
+build:
+  secrets: [hf_token]
+server:
+  engine: sim
+  model_path: sim/model
+  flags:
+    --speed: 10
+    --warmup-s: 0.3
+runtime:
+  gpus: none
+  tp: 1
+  ulimits: {}
+  start_timeout_s: 15
+  ready_timeout_s: 10
+  restart: on-failure
+gate:
+  default_profile: tiny
+  profiles:
+    tiny:
+      concurrency: [4]
+      input_len: 16
+      output_len: 96
+      warmup: 1
+      runs: 3
+      max_runs: 6
+      tolerance: 0.2
+      timeout_s: 20
+host:
+  service: fleetsvc
+  strategy: swap
+  fleet:
+    waves: [1, "100%"]
+    soak_interval_s: 0.2
+variants:
+  good2: {server: {flags: {--seed: 1}}}
+  slower: {server: {flags: {--speed: 5}}}
+  dies: {server: {flags: {--fault: "die-after:40"}}}
+"""
+
+
+@dataclass
+class Fleet:
+    root: Path
+    hosts: list[HostBox]
+    ports: list[int]
+    image: SimImage
+    ledger: Path
+
+    def service(self, i: int) -> str:
+        return f"fleet{i}{self.hosts[i].port}"
+
+    def inventory(self, name: str = "inv.yaml", sick: int | None = None, extra: str = "") -> Path:
+        lines = ["hosts:"]
+        for i, h in enumerate(self.hosts):
+            lines += [f"  - name: h{i}", f"    address: {h.target}", f"    port: {self.ports[i]}",
+                      f"    service: {self.service(i)}"]
+            if i == sick:  # a host that reads slower than its own incumbent with any candidate
+                lines.append("    flags: {--speed: 5}")
+        path = self.root / name
+        path.write_text("\n".join(lines) + "\n" + extra)
+        return path
+
+    def cli(self, *args: str) -> list[str]:
+        h = self.hosts[0]
+        return [sys.executable, "-m", "builder", "--root", str(self.root), *args,
+                "--known-hosts", str(self.root / "known_hosts"), "--identity", str(h.key)]
+
+    def rollout(self, variant: str | None, *extra: str, inventory: Path | None = None,
+                timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        args = ["deploy", "fleettest", *(["--variant", variant] if variant else []), "--fleet",
+                "--inventory", str(inventory or self.inventory()), "--image", self.image.ref,
+                "--ledger", str(self.ledger), *extra]
+        return subprocess.run(self.cli(*args), capture_output=True, text=True, timeout=timeout, cwd=self.root)
+
+    def state(self, i: int) -> dict[str, object]:
+        out = self.hosts[i].sh(f"cat /var/lib/stackbuild/{self.service(i)}/state.json").stdout
+        return json.loads(out) if out.strip() else {}
+
+    def release(self, i: int) -> str | None:
+        cur = self.state(i).get("current")
+        if not isinstance(cur, dict):
+            return None
+        return f"{cur['stack']}-{cur['variant']}" if cur.get("variant") else str(cur["stack"])
+
+    def releases(self) -> list[str | None]:
+        return [self.release(i) for i in range(len(self.hosts))]
+
+    def assert_all_serving(self) -> None:
+        for i, h in enumerate(self.hosts):
+            st = self.state(i)
+            assert st.get("current") and not st.get("pending"), f"h{i}: {st}"
+            assert h.sh(f"systemctl is-active {self.service(i)}").stdout.strip() == "active", f"h{i}"
+            assert generate(self.ports[i]), f"h{i} does not serve on {self.ports[i]}"
+            assert h.sh(f"test -d /var/lib/stackbuild/{self.service(i)}/lock").returncode != 0, f"h{i} lock held"
+
+    def last_rollout(self) -> object:
+        from builder.fleet.record import rollouts
+        from builder.ledger import Ledger
+
+        with Ledger(self.ledger) as db:
+            return rollouts(db)[-1]
+
+    def status(self) -> str:
+        r = subprocess.run(self.cli("status", "--fleet", "fleettest", "--inventory", str(self.inventory()),
+                                    "--ledger", str(self.ledger)),
+                           capture_output=True, text=True, timeout=120, cwd=self.root)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    def assert_status_agrees(self) -> None:
+        text = self.status()
+        for i, rel in enumerate(self.releases()):
+            row = next(ln for ln in text.splitlines() if ln.startswith(f"| h{i} |"))
+            assert f"| {rel} |" in row and "| active |" in row, (rel, row)
+
+
+@pytest.fixture(scope="module")
+def fleet(sim_image: SimImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:  # noqa: F811
+    from builder.host import local
+
+    need_infra()
+    root = tmp_path_factory.mktemp("fleet")
+    (root / "stacks").mkdir()
+    (root / "stacks" / "fleettest.yaml").write_text(SPEC)
+    hosts: list[HostBox] = []
+    known = ""
+    try:
+        for i in range(3):  # one key pair (one --identity); known_hosts is rewritten per start: gather it
+            lh = local.start(root / "keys", name=f"wt14-fleet-{i}-{free_port()}")
+            hosts.append(HostBox(lh.container, lh.port, lh.key, lh.known_hosts))
+            known += lh.known_hosts.read_text()
+        (root / "known_hosts").write_text(known)
+        yield Fleet(root, hosts, [free_port() for _ in hosts], sim_image, root / "ledger.db")
+    finally:
+        for i, h in enumerate(hosts):
+            local.stop(h, (f"fleet{i}{h.port}",))
+
+
+@pytest.fixture
+def on_baseline(fleet: Fleet) -> Fleet:
+    r = fleet.rollout(None)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert fleet.releases() == ["fleettest"] * 3
+    return fleet
+
+
+def _snapshots(f: Fleet) -> list[str]:
+    return [f.hosts[i].sh(f"cat /var/lib/stackbuild/{f.service(i)}/state.json "
+                          f"/etc/systemd/system/{f.service(i)}.service").stdout for i in range(3)]
+
+
+def test_canary_failure_leaves_the_rest_untouched(on_baseline: Fleet) -> None:
+    f = on_baseline
+    before = _snapshots(f)
+    r = f.rollout("slower")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "fleet: stop at canary" in r.stdout
+    assert f.releases() == ["fleettest"] * 3
+    assert _snapshots(f)[1:] == before[1:], "hosts after the canary were touched"
+    f.assert_all_serving()
+    lr = f.last_rollout()
+    assert [(h.host, h.outcome) for h in lr.hosts] == [  # type: ignore[attr-defined]
+        ("h0", "rolled-back"), ("h1", "untouched"), ("h2", "untouched")]
+    assert lr.outcome == "stopped"  # type: ignore[attr-defined]
+    f.assert_status_agrees()
+
+
+@pytest.mark.parametrize("policy, canary_after", [("halt", "fleettest-good2"), ("rollback_all", "fleettest")])
+def test_later_wave_failure_by_policy(on_baseline: Fleet, policy: str, canary_after: str) -> None:
+    f = on_baseline
+    r = f.rollout("good2", "--on-failure", policy, inventory=f.inventory("sick.yaml", sick=2))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"on_failure={policy}" in r.stdout
+    assert f.releases() == [canary_after, "fleettest", "fleettest"]
+    f.assert_all_serving()
+    lr = f.last_rollout()
+    got = {h.host: h.outcome for h in lr.hosts}  # type: ignore[attr-defined]
+    assert got == {"h0": "promoted" if policy == "halt" else "reverted", "h1": "reverted", "h2": "rolled-back"}
+    f.assert_status_agrees()
+
+
+def test_unreachable_host_refuses_before_any_change(on_baseline: Fleet) -> None:
+    f = on_baseline
+    before = _snapshots(f)
+    dead = f"  - name: h3\n    address: root@127.0.0.1:{free_port()}\n    port: {free_port()}\n"
+    r = f.rollout("good2", inventory=f.inventory("dead.yaml", extra=dead))
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "preflight failed on h3; no host was changed" in r.stdout
+    assert _snapshots(f) == before
+    f.assert_all_serving()
+    assert f.last_rollout().outcome == "refused"  # type: ignore[attr-defined]
+
+
+def test_soak_regression_rolls_the_wave_back(on_baseline: Fleet) -> None:
+    f = on_baseline
+    r = f.rollout("dies", "--soak", "15")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "soak: REGRESSED" in r.stdout
+    assert f.releases() == ["fleettest"] * 3
+    lr = f.last_rollout()
+    assert [(h.host, h.outcome) for h in lr.hosts] == [  # type: ignore[attr-defined]
+        ("h0", "soak-failed"), ("h1", "untouched"), ("h2", "untouched")]
+    f.assert_all_serving()
+    f.assert_status_agrees()
+
+
+def test_sigkill_mid_rollout_then_resume(on_baseline: Fleet) -> None:
+    f = on_baseline
+    args = ["deploy", "fleettest", "--variant", "good2", "--fleet", "--inventory", str(f.inventory()),
+            "--image", f.image.ref, "--ledger", str(f.ledger)]
+    proc = subprocess.Popen(f.cli(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=f.root, start_new_session=True)
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 180
+    for line in proc.stdout:  # kill once wave 1 has started deploying
+        seen.append(line)
+        if line.startswith("fleet: wave 1") or time.monotonic() > deadline:
+            break
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert any(ln.startswith("fleet: wave 1") for ln in seen), "".join(seen)
+    killed = f.last_rollout()
+    assert killed.outcome == "running"  # type: ignore[attr-defined]
+    r = f.rollout("good2")
+    assert r.returncode == 0, "".join(seen) + r.stdout + r.stderr
+    assert f"rollout {killed.id} (resumed)" in r.stdout  # type: ignore[attr-defined]
+    assert "already on the candidate, skipped: h0" in r.stdout
+    assert f.releases() == ["fleettest-good2"] * 3
+    f.assert_all_serving()
+    lr = f.last_rollout()
+    assert lr.id == killed.id and lr.outcome == "completed"  # type: ignore[attr-defined]
+    assert {h.host: h.outcome for h in lr.hosts} == {  # type: ignore[attr-defined]
+        "h0": "already", "h1": "promoted", "h2": "promoted"}
+    f.assert_status_agrees()
+    docker("ps", check=False)  # nothing else to clean: the module fixture removes the hosts
