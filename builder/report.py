@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.gate.result import GateResult, LevelResult
+from builder.gate.stats import allowed
 from builder.ledger import BuildRecord, DeployRecord, GateRecord, Ledger
 
 MAX_BUILDS = 10
@@ -84,6 +85,14 @@ def _pct(r: float) -> str:
     return f"{(r - 1) * 100:+.1f}%"
 
 
+def _policy(lv: LevelResult) -> str:
+    """", allowed -8%: pass": the level's bar and verdict, when the result carries a bar."""
+    if lv.bar is None:
+        return ""
+    advisory = "" if lv.required else ", advisory"
+    return f" ({allowed(lv.bar)}{advisory}: {STATUS.get(lv.verdict, lv.verdict)})"
+
+
 def _first_reason(res: GateResult) -> str:
     reasons = [*res.bars, *res.reasons, *(res.probe.reasons if res.probe else ())]
     return reasons[0] if reasons else ""
@@ -99,7 +108,8 @@ def _row_for(rec: GateRecord, reference: str | None) -> Row:
     if status != "Reference":
         if status in ("FAILED", "INCONCLUSIVE"):
             notes.append(_first_reason(res))
-        ratios = [f"C={lv.concurrency} {_pct(lv.ratio)}" for lv in res.levels if lv.ratio is not None]
+        ratios = [f"C={lv.concurrency} {_pct(lv.ratio)}" + _policy(lv)
+                  for lv in res.levels if lv.ratio is not None]
         if ratios:
             notes.append("vs reference: " + ", ".join(ratios))
     return Row(res.name, status, low.median_output_tok_s if low else None, "; ".join(n for n in notes if n),

@@ -71,6 +71,23 @@ def _levels(value: str | None) -> tuple[int, ...] | None:
     return levels
 
 
+def _level_bars(values: tuple[str, ...]) -> dict[int, dict[str, Any]] | None:
+    """`--level-tolerance C=PCT`: at C the candidate may lose up to PCT%; a negative PCT is a
+    required gain (`8=-5`: must be 5% faster at C=8)."""
+    out: dict[int, dict[str, Any]] = {}
+    for v in values:
+        c, sep, pct = v.partition("=")
+        try:
+            level, p = int(c), float(pct)
+        except ValueError:
+            level, p = 0, float("nan")
+        if not sep or level < 1 or p != p or p >= 100:
+            raise InputError(f"--level-tolerance: {v!r} is not C=PCT with C a concurrency >= 1 "
+                             "and PCT < 100, e.g. --level-tolerance 1=8 --level-tolerance 30=0")
+        out[level] = {"tolerance": p / 100.0} if p >= 0 else {"min_gain": -p / 100.0}
+    return out or None
+
+
 def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) -> Any:
     from builder.gate.profile import BUILTIN_PROFILES
 
@@ -122,6 +139,9 @@ def _record(ledger: Path, result: Any) -> None:
 @click.option("--requests-per-slot", type=click.IntRange(min=1))
 @click.option("--min-requests", type=click.IntRange(min=0), help="requests per run at least")
 @click.option("--tolerance", type=click.FloatRange(0, 99), help="percent, e.g. 5")
+@click.option("--level-tolerance", "level_tolerance", multiple=True, metavar="C=PCT",
+              help="at concurrency C the candidate may lose up to PCT% (negative: must gain "
+                   "-PCT%); repeatable, overrides the profile's bar at that level")
 @click.option("--api", type=click.Choice(["completions", "generate"]))
 @click.option("--model", help="model name sent in requests")
 @click.option("--seed", type=int)
@@ -137,7 +157,8 @@ def _record(ledger: Path, result: Any) -> None:
 def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseline_url: str | None,
              stack: str | None, profile_name: str | None, name: str, ledger: Path | None,
              json_out: Path | None, junit_out: Path | None, concurrency: str | None,
-             tolerance: float | None, show_progress: bool | None, **overrides: Any) -> None:
+             tolerance: float | None, level_tolerance: tuple[str, ...],
+             show_progress: bool | None, **overrides: Any) -> None:
     """Measure a server against an incumbent and decide: exit 0 pass, 1 fail, 3 inconclusive."""
     import sys
 
@@ -151,7 +172,8 @@ def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseli
     try:
         profile = profile.with_overrides(
             concurrency=_levels(concurrency),
-            tolerance=None if tolerance is None else tolerance / 100.0, **overrides)
+            tolerance=None if tolerance is None else tolerance / 100.0,
+            levels=_level_bars(level_tolerance), **overrides)
     except ValidationError as err:
         e = err.errors()[0]
         raise InputError(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}") \

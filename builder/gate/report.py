@@ -100,6 +100,9 @@ def markdown_summary(result: GateResult) -> str:
                     f"{_f(lv.baseline_median_output_tok_s)} | {_f(lv.ratio, '.3f')} | {ci} | "
                     f"{lv.ttft_p99_ms:.0f} | {itl:.1f} | {lv.failed_requests} | {lv.verdict} |")
     tail = []
+    said = [lv.explanation for lv in result.levels if lv.explanation]
+    if said:
+        tail.append("Per level:\n" + "\n".join(f"- {e}" for e in said))
     if result.probe is not None:
         tail.append(f"Probe: {'passed' if result.probe.passed else 'FAILED'}"
                     f" ({len(result.probe.outputs)} prompts)")

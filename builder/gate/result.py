@@ -90,6 +90,11 @@ class LevelResult(_Frozen):
     ci_high: float | None = None
     verdict: Verdict = "reference"
     reasons: tuple[str, ...] = ()
+    # the level's policy: lowest passing ratio, whether it decides the gate, and one
+    # sentence saying how the verdict follows from the numbers ("C=1 -6.4%, allowed -8%: pass")
+    bar: float | None = None
+    required: bool = True
+    explanation: str = ""
 
 
 class ProbeResult(_Frozen):
