@@ -11,6 +11,7 @@ from test_sim_process import free_port, sim
 
 from builder.cli import main
 from builder.gate.profile import GateProfile
+from builder.gate.result import GateResult
 from builder.gate.runner import run_gate
 from builder.spec import load_stack
 
@@ -72,7 +73,7 @@ def test_garbage_output_fails_the_probe(capsys: pytest.CaptureFixture[str]) -> N
     assert rc == 1
     assert "Probe: FAILED" in captured.out
     assert "one token repeated" in captured.out
-    assert "differs from the incumbent" in captured.out
+    assert "first tokens agree on 0%" in captured.out
 
 
 def test_mid_run_crash_is_failed_requests_not_a_fast_run(tmp_path: Path) -> None:
@@ -161,3 +162,38 @@ def test_users_policy_passes_topk1_v2_and_fails_topk4_v1() -> None:
     assert c1.explanation.endswith("allowed -8%: pass") and 0.92 <= (c1.ci_low or 0) <= (c1.ratio or 0) < 1
     assert c8.explanation.endswith("must not lose: pass")
     assert bad.verdict == "fail" and bad.levels[0].explanation.endswith("must not lose: fail")
+
+
+def test_agreement_fails_a_drifting_candidate_live_and_stored(tmp_path: Path) -> None:
+    """Same speed, plausible text: only agreement can tell. Live incumbent (side-by-side)
+    and the incumbent's stored result (what swap compares with) must both catch it;
+    a benign divergence and EAGLE (same greedy tokens) pass."""
+    prof = GateProfile(concurrency=(8,), input_len=32, output_len=48, runs=3, max_runs=3,
+                       warmup=1, tolerance=0.5)
+    with sim("--speed", "10") as inc, sim("--speed", "10", "--fault", "drift") as drift, \
+            sim("--speed", "10", "--fault", "diverge:4") as div, \
+            sim("--speed", "10", "--profile", "eagle3-topk1-v2") as eagle:
+        stored = run_gate(inc.url, prof, name="baseline")
+        live = run_gate(drift.url, prof, name="drift", baseline_url=inc.url)
+        benign = run_gate(div.url, prof, name="diverge", baseline_url=inc.url)
+        spec = run_gate(eagle.url, prof, name="eagle", baseline_url=inc.url)
+    (tmp_path / "inc.json").write_text(stored.model_dump_json())
+    with sim("--speed", "10", "--fault", "drift") as drift:
+        rc = main(["gate", "--url", drift.url, "--baseline", str(tmp_path / "inc.json"),
+                   "--concurrency", "8", "--input-len", "32", "--output-len", "48", "--runs", "3",
+                   "--max-runs", "3", "--warmup", "1", "--tolerance", "50", "--no-progress",
+                   "--json", str(tmp_path / "drift.json")])
+    swapped = json.loads((tmp_path / "drift.json").read_text())
+    assert stored.agreement is not None and len(stored.agreement.samples) == 32
+    for res in (live, GateResult.model_validate(swapped)):
+        ag = res.agreement
+        assert res.verdict == "fail" and ag is not None and not ag.passed
+        assert (ag.logprob_drop or 0) > 5 and (ag.first_token or 0) < 0.1
+        assert any("diverges at token 0" in r for r in res.reasons)
+    assert rc == 1
+    for res in (benign, spec):
+        ag = res.agreement
+        assert ag is not None and ag.passed and ag.compared and ag.first_token == 1.0
+        assert abs(ag.logprob_drop or 0) < 0.05, res.name
+    assert benign.agreement is not None and (benign.agreement.full_match or 1) < 1
+    assert spec.agreement is not None and spec.agreement.full_match == 1.0

@@ -17,7 +17,7 @@ from builder.errors import InputError
               help="baseline, eagle3-topk1-v2 or eagle3-topk4-v1")
 @click.option("--fault", default=None,
               help="crash-on-start, never-ready, fail-first-generation, garbage[:repeat|empty|fffd], "
-                   "slow:FACTOR, die-after:N, stall-stream")
+                   "slow:FACTOR, die-after:N, stall-stream, diverge:N, drift")
 @click.option("--speed", default=1.0, show_default=True, type=click.FloatRange(min=0.001),
               help="multiplies every rate (tok/s) of the timing model")
 @click.option("--warmup-s", default=1.0, show_default=True, type=click.FloatRange(min=0),

@@ -75,6 +75,14 @@ class GateProfile(BaseModel):
     probe_prompts: tuple[str, ...] = DEFAULT_PROBE_PROMPTS
     probe_max_tokens: int = Field(default=32, ge=1)
     probe_golden: tuple[str, ...] = ()
+    # output agreement with the incumbent (builder.gate.agreement); 0 prompts disables it
+    agreement_prompts: int = Field(default=32, ge=0, le=1000)
+    agreement_tokens: int = Field(default=32, ge=1, le=4096)
+    # fail when fewer prompts than this agree on their first greedy token
+    min_first_token_agreement: float = Field(default=0.75, ge=0, le=1)
+    # fail when the candidate's mean logprob of the incumbent's outputs is lower by more
+    # than this (nats per token); a benign divergence moves it by hundredths
+    max_logprob_drop: float = Field(default=0.5, ge=0)
 
     @field_validator("concurrency")
     @classmethod

@@ -106,6 +106,16 @@ def markdown_summary(result: GateResult) -> str:
     if result.probe is not None:
         tail.append(f"Probe: {'passed' if result.probe.passed else 'FAILED'}"
                     f" ({len(result.probe.outputs)} prompts)")
+    ag = result.agreement
+    if ag is not None and ag.compared:
+        tail.append(f"Agreement: {'passed' if ag.passed else 'FAILED'} ({ag.prompts} prompts x "
+                    f"{ag.tokens} tokens): first token {ag.first_token:.0%}, exact prefix "
+                    f"p10 {ag.prefix_p10:.0f} / p50 {ag.prefix_p50:.0f} / mean "
+                    f"{ag.prefix_mean:.1f} tokens, full match {ag.full_match:.0%}; incumbent's "
+                    f"outputs {ag.logprob_candidate:.3f} nats/token under the candidate vs "
+                    f"{ag.logprob_incumbent:.3f} under the incumbent (drop {ag.logprob_drop:.3f})")
+    elif ag is not None:
+        tail.append(f"Agreement: {ag.prompts} greedy outputs recorded for later comparisons")
     if result.reasons:
         tail.append("Reasons:\n" + "\n".join(f"- {r}" for r in result.reasons))
     return head + "\n".join(rows) + "\n\n" + "\n\n".join(tail) + "\n"

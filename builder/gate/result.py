@@ -103,6 +103,38 @@ class ProbeResult(_Frozen):
     reasons: tuple[str, ...] = ()
 
 
+class AgreementSample(_Frozen):
+    """One seeded greedy prompt and what this server answered: kept with every result so a
+    later gate can compare with it when this server no longer runs (swap)."""
+
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    # mean logprob per token this server gives its own output
+    logprob: float
+
+
+class AgreementResult(_Frozen):
+    """Does the candidate still say what the incumbent says? (see builder.gate.agreement)"""
+
+    prompts: int = 0
+    tokens: int = 0  # greedy tokens per prompt
+    compared: bool = False  # False: no incumbent outputs to compare with (a reference run)
+    first_token: float | None = None  # share of prompts whose first token agrees
+    prefix_p10: float | None = None  # exact-prefix length, tokens
+    prefix_p50: float | None = None
+    prefix_mean: float | None = None
+    full_match: float | None = None  # share of prompts agreeing on every token
+    # teacher-forced: mean logprob per token of the incumbent's outputs, under each side
+    logprob_incumbent: float | None = None
+    logprob_candidate: float | None = None
+    logprob_drop: float | None = None  # incumbent - candidate, nats per token
+    passed: bool = True
+    reasons: tuple[str, ...] = ()
+    # the first diverging pair: prompt index, position, both texts from there
+    example: str = ""
+    samples: tuple[AgreementSample, ...] = ()
+
+
 class GateResult(_Frozen):
     schema_version: int = SCHEMA_VERSION
     name: str  # the measured configuration, e.g. "eagle3-topk1-v2"
@@ -117,6 +149,7 @@ class GateResult(_Frozen):
     baseline_name: str | None = None
     levels: tuple[LevelResult, ...]
     probe: ProbeResult | None = None
+    agreement: AgreementResult | None = None
     bars: tuple[str, ...] = ()  # violated absolute bars, one sentence each
     verdict: Verdict
     reasons: tuple[str, ...] = ()

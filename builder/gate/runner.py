@@ -13,11 +13,19 @@ from collections.abc import Callable
 from typing import Any
 
 from builder.errors import InfraError, InputError
-from builder.gate import loadgen
+from builder.gate import agreement, loadgen
 from builder.gate.probe import run_probe
 from builder.gate.profile import GateProfile
 from builder.gate.readiness import get_json, port_open, wait_ready_async
-from builder.gate.result import GateResult, LevelResult, ProbeResult, RunMetrics, Verdict, Workload
+from builder.gate.result import (
+    AgreementResult,
+    GateResult,
+    LevelResult,
+    ProbeResult,
+    RunMetrics,
+    Verdict,
+    Workload,
+)
 from builder.gate.stats import allowed, compare
 
 Progress = Callable[[str, dict[str, Any]], None]
@@ -150,8 +158,10 @@ def bar_violations(levels: list[LevelResult], profile: GateProfile) -> list[str]
 
 
 def overall(levels: list[LevelResult], bars: list[str], probe: ProbeResult | None,
-            compared: bool) -> Verdict:
+            compared: bool, agreed: AgreementResult | None = None) -> Verdict:
     deciding = [lv for lv in levels if lv.required]
+    if agreed is not None and not agreed.passed:
+        return "fail"
     if bars or (probe is not None and not probe.passed) or any(
             lv.verdict == "fail" for lv in deciding):
         return "fail"
@@ -208,8 +218,14 @@ async def _run_level(
 
 async def _probe(url: str, inc_url: str | None, baseline: GateResult | None,
                  profile: GateProfile) -> ProbeResult:
-    """Candidate's greedy outputs vs the live incumbent's, else the stored ones, else golden."""
+    """Candidate's greedy outputs vs the live incumbent's, else the stored ones, else golden.
+
+    With output agreement on, the incumbent's texts are not compared exactly (agreement
+    judges that, tolerating benign divergence); the probe still catches degenerate text."""
     reference: tuple[str, ...] | None = profile.probe_golden or None
+    if profile.agreement_prompts > 0:
+        return await run_probe(url, profile.probe_prompts, profile.probe_max_tokens,
+                               reference=reference, model=profile.model)
     if inc_url:
         inc = await run_probe(inc_url, profile.probe_prompts, profile.probe_max_tokens,
                               reference=None, model=profile.model)
@@ -218,6 +234,34 @@ async def _probe(url: str, inc_url: str | None, baseline: GateResult | None,
         reference = baseline.probe.outputs
     return await run_probe(url, profile.probe_prompts, profile.probe_max_tokens,
                            reference=reference, model=profile.model)
+
+
+async def _agreement(url: str, inc_url: str | None, baseline: GateResult | None,
+                     profile: GateProfile) -> AgreementResult | None:
+    """Candidate's greedy outputs and likelihoods against the incumbent's (live or stored)."""
+    n, tokens = profile.agreement_prompts, profile.agreement_tokens
+    if n == 0:
+        return None
+    try:
+        mine = await agreement.collect(url, profile.seed, n, tokens, profile.timeout_s)
+        reference: tuple[Any, ...] = ()
+        if inc_url:
+            reference = await agreement.collect(inc_url, profile.seed, n, tokens, profile.timeout_s)
+        elif baseline is not None and baseline.agreement is not None:
+            reference = baseline.agreement.samples
+        if reference and [r.prompt for r in reference] != [m.prompt for m in mine]:
+            note = ("agreement: the baseline's stored outputs are of other prompts (seed or "
+                    "agreement_prompts differ); not compared")
+            return AgreementResult(prompts=n, tokens=tokens, samples=mine, reasons=(note,))
+        if not reference:
+            return AgreementResult(prompts=n, tokens=tokens, samples=mine)
+        forced = await agreement.teacher_forced(url, reference, profile.timeout_s)
+    except InfraError as err:
+        return AgreementResult(prompts=n, tokens=tokens, passed=False,
+                               reasons=(f"agreement: {err}",))
+    return agreement.compare(reference, mine, forced,
+                             min_first_token=profile.min_first_token_agreement,
+                             max_drop=profile.max_logprob_drop)
 
 
 async def run_gate_async(
@@ -258,14 +302,17 @@ async def run_gate_async(
         levels.append(lv)
     probe = await _probe(url, inc_url, baseline, profile)
     emit("probe", {"probe": probe})
+    agreed = await _agreement(url, inc_url, baseline, profile)
     bars = bar_violations(levels, profile)
-    verdict = overall(levels, bars, probe, compared=bool(inc_url or baseline is not None))
-    reasons = [r for lv in levels for r in lv.reasons] + bars + list(probe.reasons)
+    verdict = overall(levels, bars, probe, compared=bool(inc_url or baseline is not None),
+                      agreed=agreed)
+    reasons = [r for lv in levels for r in lv.reasons] + bars + list(probe.reasons) + \
+        list(agreed.reasons if agreed is not None else ())
     return GateResult(
         name=name, url=url, started_at=started, finished_at=_now(), workload=wl,
         fingerprint=wl.fingerprint(), tolerance=profile.tolerance, host=facts,
         baseline_name=baseline.name if baseline is not None else inc_url,
-        levels=tuple(levels), probe=probe, bars=tuple(bars), verdict=verdict,
+        levels=tuple(levels), probe=probe, agreement=agreed, bars=tuple(bars), verdict=verdict,
         reasons=tuple(reasons),
     )
 

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from builder.sim import lm
 from builder.sim.text import count_prompt_tokens, prompt_key
 
 Route = Literal["generate", "completions", "chat"]
@@ -31,6 +32,11 @@ class GenParams:
     stream: bool
     include_usage: bool
     model: str
+    # the prompt as given (ids for token-id prompts), for the language model and logprobs
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+    return_logprob: bool = False
+    logprob_start_len: int = -1
 
 
 def _int(v: Any, name: str, default: int) -> int:
@@ -76,6 +82,13 @@ def parse(route: Route, body: Any, rid: str, served_model: str) -> GenParams:
         ignore_eos = bool(sp.get("ignore_eos", False))
         rid = str(body.get("rid") or rid)
         include_usage = False
+        return_logprob = bool(body.get("return_logprob", False))
+        # io_struct.py: logprob_start_len None means -1 (output tokens only)
+        start_len = body.get("logprob_start_len")
+        logprob_start = -1 if start_len is None else start_len
+        if isinstance(logprob_start, bool) or not isinstance(logprob_start, int) \
+                or logprob_start < -1:
+            raise BadRequest("logprob_start_len must be an integer >= -1")
     else:
         if route == "chat":
             msgs = body.get("messages")
@@ -90,6 +103,7 @@ def parse(route: Route, body: Any, rid: str, served_model: str) -> GenParams:
         max_new = _int(max_raw, "max_tokens", 16)
         temp = _float(body.get("temperature"), "temperature", 1.0)
         ignore_eos = bool(body.get("ignore_eos", False))
+        return_logprob, logprob_start = False, -1
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
     if max_new < 1:
@@ -105,6 +119,10 @@ def parse(route: Route, body: Any, rid: str, served_model: str) -> GenParams:
         stream=bool(body.get("stream", False)),
         include_usage=include_usage,
         model=str(body.get("model") or served_model),
+        text=text,
+        ids=None if ids is None else tuple(ids),
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start,
     )
 
 
@@ -130,6 +148,21 @@ def meta_info(
     if accept is not None:
         info["spec_accept_length"] = accept
     return info
+
+
+def logprob_fields(p: GenParams, out_ids: list[int], out_lps: list[float],
+                   numerics: lm.Numerics) -> dict[str, Any]:
+    """meta_info's logprob fields: lists of (logprob, token_id, None) as tokenizer_manager.py
+    builds them without return_text_in_logprobs; input ones from logprob_start_len on, the
+    first of them None (logprob_result_processor.py prepends it)."""
+    inputs: list[list[Any]] = []
+    if p.ids is not None and 0 <= p.logprob_start_len < len(p.ids):
+        ids = list(p.ids)
+        scored = lm.score(ids, p.logprob_start_len, numerics)
+        inputs = [[lp, t, None] for lp, t in zip(scored, ids[p.logprob_start_len:], strict=True)]
+    outputs = [[lp, t, None] for lp, t in zip(out_lps, out_ids, strict=False)]
+    return {"input_token_logprobs": inputs, "output_token_logprobs": outputs,
+            "output_token_logprobs_length": len(outputs)}
 
 
 def usage(p: GenParams, completion: int) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from builder.sim import api, metrics
+from builder.sim import api, lm, metrics
 from builder.sim.engine import Engine, SimRequest
 from builder.sim.faults import Fault
 from builder.sim.profiles import PROFILES, SimProfile
@@ -63,6 +63,8 @@ class SimServer:
         self.hist = metrics.Metrics()
         self.up = False
         self.generations = 0
+        # rid -> (logprob of each greedy output token, this server's numerics)
+        self._logprobs: dict[str, tuple[list[float], lm.Numerics]] = {}
         self.started_at = time.time()
 
     # ---- app ---------------------------------------------------------------
@@ -223,7 +225,13 @@ class SimServer:
         if fault.name == "fail-first-generation" and self.generations == 1:
             return self._error(500, "CUDA error: an illegal memory access was encountered",
                                "InternalServerError")
-        ids = greedy_ids(p.key, p.max_new_tokens, temperature=p.temperature, rid=p.rid)
+        numerics = fault.numerics
+        lps: list[float] = []
+        if p.temperature <= 0:
+            state = lm.start(p.text, None if p.ids is None else list(p.ids))
+            ids, lps = lm.greedy(state, p.max_new_tokens, numerics)
+        else:
+            ids = greedy_ids(p.key, p.max_new_tokens, temperature=p.temperature, rid=p.rid)
         stopped = False
         if fault.name == "garbage" and fault.garbage == "repeat":
             ids = [0] * len(ids)  # what NaN logits look like after argmax
@@ -231,14 +239,24 @@ class SimServer:
             ids = ids[: ids.index(STOP_ID) + 1]
             stopped = True
         req = SimRequest(rid=p.rid, prompt_tokens=p.prompt_tokens, token_ids=ids)
+        self._logprobs[p.rid] = (lps, numerics)
         self.engine.submit(req)
         try:
             if p.stream:
                 return await self._stream(request, p, req, stopped)
             return await self._whole(p, req, stopped)
         finally:
+            self._logprobs.pop(p.rid, None)
             if req.remaining > 0:
                 req.cancelled = True
+
+    def _meta(self, p: api.GenParams, req: SimRequest, n: int, fr: dict[str, Any] | None
+              ) -> dict[str, Any]:
+        meta = api.meta_info(p, n, fr, req.arrived, self._accept(req))
+        if p.return_logprob:
+            lps, numerics = self._logprobs.get(p.rid, ([], lm.Numerics()))
+            meta.update(api.logprob_fields(p, req.token_ids[:n], lps[:n], numerics))
+        return meta
 
     def _accept(self, req: SimRequest) -> float | None:
         return req.spec_accept_length if self.profile.speculative else None
@@ -257,7 +275,7 @@ class SimServer:
         fr = api.finish_reason(True, stopped, n, STOP_ID)
         text = self._text(req.token_ids)
         if p.route == "generate":
-            meta = api.meta_info(p, n, fr, started, self._accept(req))
+            meta = self._meta(p, req, n, fr)
             return web.json_response({"text": text, "output_ids": req.token_ids,
                                       "meta_info": meta})
         return web.json_response(api.oai_full(p, int(time.time()), text, fr, n))
@@ -290,7 +308,7 @@ class SimServer:
                 # sglang's default (non-incremental) stream: cumulative text and ids
                 chunk = {"text": self._text(req.token_ids[:sent]),
                          "output_ids": req.token_ids[:sent],
-                         "meta_info": api.meta_info(p, sent, fr, req.arrived, self._accept(req))}
+                         "meta_info": self._meta(p, req, sent, fr)}
             else:
                 chunk = api.oai_chunk(p, created, self._text(new), fr, first=sent == n)
             await resp.write(_sse(chunk))
