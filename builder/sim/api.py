@@ -26,7 +26,7 @@ class GenParams:
     rid: str
     key: bytes
     prompt_tokens: int
-    max_new_tokens: int
+    max_new_tokens: int | None  # None: until EOS or the context ends (chat's default)
     temperature: float
     ignore_eos: bool
     stream: bool
@@ -39,7 +39,7 @@ class GenParams:
     logprob_start_len: int = -1
 
 
-def _int(v: Any, name: str, default: int) -> int:
+def _int(v: Any, name: str, default: int | None) -> int | None:
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -100,14 +100,13 @@ def parse(route: Route, body: Any, rid: str, served_model: str) -> GenParams:
         else:
             text, ids = _prompt(body.get("prompt"), None)
             max_raw = body.get("max_tokens")
-        max_new = _int(max_raw, "max_tokens", 16)
+        # protocol.py: completions max_tokens defaults to 16, chat's to None
+        max_new = _int(max_raw, "max_tokens", None if route == "chat" else 16)
         temp = _float(body.get("temperature"), "temperature", 1.0)
         ignore_eos = bool(body.get("ignore_eos", False))
         return_logprob, logprob_start = False, -1
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
-    if max_new < 1:
-        raise BadRequest("max_new_tokens must be at least 1")
     return GenParams(
         route=route,
         rid=rid,
@@ -143,10 +142,11 @@ def meta_info(
         "prompt_tokens": p.prompt_tokens,
         "completion_tokens": completion,
         "cached_tokens": 0,
-        "e2e_latency": time.monotonic() - started,
     }
-    if accept is not None:
-        info["spec_accept_length"] = accept
+    if fr is not None:  # only the final chunk carries them
+        info["e2e_latency"] = time.monotonic() - started
+        if accept is not None:
+            info["spec_accept_length"] = accept
     return info
 
 
@@ -185,13 +185,12 @@ def _envelope(p: GenParams, obj: str, created: int, choices: list[dict[str, Any]
 
 
 def oai_chunk(
-    p: GenParams, created: int, delta: str, fr: dict[str, Any] | None, first: bool
+    p: GenParams, created: int, delta: str, fr: dict[str, Any] | None, role: bool = False
 ) -> dict[str, Any]:
     reason = _oai_reason(fr)
     if p.route == "chat":
-        d: dict[str, Any] = {"content": delta}
-        if first:
-            d["role"] = "assistant"
+        # serving_chat.py sends {role: assistant, content: ""} as a chunk of its own first
+        d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": delta}
         choice: dict[str, Any] = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
         obj = "chat.completion.chunk"
     else:

@@ -87,14 +87,18 @@ def dist(state: bytes, numerics: Numerics = Numerics(), position: int = 0) -> Di
     return Dist(top, second, p_top, (1.0 - p_top) / 2.0)
 
 
-def greedy(state: bytes, n: int, numerics: Numerics = Numerics()) -> tuple[list[int], list[float]]:
-    """n greedy token ids after `state` and the logprob of each under this server."""
+def greedy(state: bytes, n: int, numerics: Numerics = Numerics(),
+           stop: int | None = None) -> tuple[list[int], list[float]]:
+    """Up to n greedy token ids after `state` (through `stop` if it comes) and the logprob
+    of each under this server."""
     ids: list[int] = []
     lps: list[float] = []
     for pos in range(n):
         d = dist(state, numerics, pos)
         ids.append(d.top)
         lps.append(d.logprob(d.top))
+        if d.top == stop:
+            break
         state = step(state, d.top)
     return ids, lps
 
