@@ -197,3 +197,28 @@ def test_agreement_fails_a_drifting_candidate_live_and_stored(tmp_path: Path) ->
         assert abs(ag.logprob_drop or 0) < 0.05, res.name
     assert benign.agreement is not None and (benign.agreement.full_match or 1) < 1
     assert spec.agreement is not None and spec.agreement.full_match == 1.0
+
+
+def test_capacity_under_an_slo_matches_the_model_within_one_step() -> None:
+    """The search's answer against the simulator's own model: the highest grid level whose
+    expected TPOT (builder.sim.model.expected_tpot_ms) meets the SLO, give or take a step."""
+    from builder.gate.capacity import GRID
+    from builder.sim.model import expected_tpot_ms
+    from builder.sim.profiles import PROFILES
+
+    speed, slo_ms = 2.0, 16.8  # baseline's model TPOT at C=20, between grid levels 16 and 24
+    prof = GateProfile(concurrency=(1,), input_len=32, output_len=128, runs=1, max_runs=1,
+                       warmup=1, slo={"tpot_p99_ms": slo_ms}, capacity_max_concurrency=96,
+                       agreement_prompts=0)
+    cap = ("--max-running-requests", "256")
+    with sim("--speed", str(speed)) as inc, \
+            sim("--speed", str(speed), "--profile", "eagle3-topk1-v2", *cap) as cand:
+        res = run_gate(cand.url, prof, name="topk1", baseline_url=inc.url)
+    assert res.capacity is not None and res.capacity.incumbent is not None
+    for side, profile in ((res.capacity.incumbent, PROFILES["baseline"]),
+                          (res.capacity.candidate, PROFILES["eagle3-topk1-v2"].as_measured())):
+        model = max((c for c in GRID if c <= 96 and
+                     expected_tpot_ms(profile, c, 32, 128, speed) <= slo_ms), default=0)
+        assert abs(GRID.index(side.concurrency) - GRID.index(model)) <= 1, (side, model)
+        assert side.runs <= 5 and side.goodput_tok_s > 0
+    assert res.capacity.goodput_ratio is not None

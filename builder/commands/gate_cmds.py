@@ -88,6 +88,17 @@ def _level_bars(values: tuple[str, ...]) -> dict[int, dict[str, Any]] | None:
     return out or None
 
 
+def _slo(text: str | None) -> dict[str, float] | None:
+    if text is None:
+        return None
+    from builder.gate.capacity import parse_slo
+
+    try:
+        return parse_slo(text)
+    except ValueError as err:
+        raise InputError(f"--slo: {err}") from None
+
+
 def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) -> Any:
     from builder.gate.profile import BUILTIN_PROFILES
 
@@ -142,6 +153,11 @@ def _record(ledger: Path, result: Any) -> None:
 @click.option("--level-tolerance", "level_tolerance", multiple=True, metavar="C=PCT",
               help="at concurrency C the candidate may lose up to PCT% (negative: must gain "
                    "-PCT%); repeatable, overrides the profile's bar at that level")
+@click.option("--slo", metavar="KEY=MS,...",
+              help="capacity under SLOs: ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e.g. "
+                   "ttft_p99_ms=2000,itl_p99_ms=50; finds the highest concurrency where all hold")
+@click.option("--require-capacity/--no-require-capacity", default=None,
+              help="fail when the candidate's capacity under the SLOs is below the incumbent's")
 @click.option("--api", type=click.Choice(["completions", "generate"]))
 @click.option("--model", help="model name sent in requests")
 @click.option("--seed", type=int)
@@ -157,7 +173,7 @@ def _record(ledger: Path, result: Any) -> None:
 def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseline_url: str | None,
              stack: str | None, profile_name: str | None, name: str, ledger: Path | None,
              json_out: Path | None, junit_out: Path | None, concurrency: str | None,
-             tolerance: float | None, level_tolerance: tuple[str, ...],
+             tolerance: float | None, level_tolerance: tuple[str, ...], slo: str | None,
              show_progress: bool | None, **overrides: Any) -> None:
     """Measure a server against an incumbent and decide: exit 0 pass, 1 fail, 3 inconclusive."""
     import sys
@@ -173,7 +189,7 @@ def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseli
         profile = profile.with_overrides(
             concurrency=_levels(concurrency),
             tolerance=None if tolerance is None else tolerance / 100.0,
-            levels=_level_bars(level_tolerance), **overrides)
+            levels=_level_bars(level_tolerance), slo=_slo(slo), **overrides)
     except ValidationError as err:
         e = err.errors()[0]
         raise InputError(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}") \

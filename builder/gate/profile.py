@@ -75,6 +75,11 @@ class GateProfile(BaseModel):
     probe_prompts: tuple[str, ...] = DEFAULT_PROBE_PROMPTS
     probe_max_tokens: int = Field(default=32, ge=1)
     probe_golden: tuple[str, ...] = ()
+    # capacity under SLOs (builder.gate.capacity): keys ttft_p99_ms, itl_p99_ms, tpot_p99_ms
+    slo: dict[str, float] = Field(default_factory=dict)
+    capacity_max_concurrency: int = Field(default=256, ge=1)
+    # fail when the candidate's capacity under the SLOs is below the incumbent's
+    require_capacity: bool = False
     # output agreement with the incumbent (builder.gate.agreement); 0 prompts disables it
     agreement_prompts: int = Field(default=32, ge=0, le=1000)
     agreement_tokens: int = Field(default=32, ge=1, le=4096)
@@ -90,6 +95,17 @@ class GateProfile(BaseModel):
         if not v or any(c < 1 for c in v):
             raise ValueError("concurrency levels must be positive integers, e.g. [1, 30, 250]")
         return tuple(sorted(set(v)))
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, v: dict[str, float]) -> dict[str, float]:
+        from builder.gate.capacity import SLO_KEYS
+
+        bad = [k for k, x in v.items() if k not in SLO_KEYS or not x > 0]
+        if bad:
+            raise ValueError(f"slo: {', '.join(bad)}: keys are {', '.join(SLO_KEYS)}, "
+                             "values milliseconds > 0")
+        return v
 
     def policy(self, concurrency: int) -> LevelPolicy:
         return self.levels.get(concurrency) or LevelPolicy()

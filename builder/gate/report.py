@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from builder.errors import InputError
-from builder.gate.result import GateResult, LevelResult
+from builder.gate.result import CapacityResult, GateResult, LevelResult
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -116,6 +116,18 @@ def markdown_summary(result: GateResult) -> str:
                     f"{ag.logprob_incumbent:.3f} under the incumbent (drop {ag.logprob_drop:.3f})")
     elif ag is not None:
         tail.append(f"Agreement: {ag.prompts} greedy outputs recorded for later comparisons")
+    cap = result.capacity
+    if cap is not None:
+        def side(c: CapacityResult) -> str:
+            return (f"C={c.concurrency}, goodput {c.goodput_tok_s:.1f} tok/s "
+                    f"({c.runs} runs: {'; '.join(c.tried)})")
+        slo = ", ".join(f"{k} <= {v:g}" for k, v in cap.candidate.slo.items())
+        line = f"Capacity under {slo}: candidate {side(cap.candidate)}"
+        if cap.incumbent is not None:
+            line += f"; incumbent {side(cap.incumbent)}"
+        if cap.goodput_ratio is not None:
+            line += f"; goodput ratio {cap.goodput_ratio:.3f}"
+        tail.append(line)
     if result.reasons:
         tail.append("Reasons:\n" + "\n".join(f"- {r}" for r in result.reasons))
     return head + "\n".join(rows) + "\n\n" + "\n\n".join(tail) + "\n"

@@ -135,6 +135,30 @@ class AgreementResult(_Frozen):
     samples: tuple[AgreementSample, ...] = ()
 
 
+class CapacityResult(_Frozen):
+    """The highest concurrency at which every SLO held, and what it served there."""
+
+    slo: dict[str, float]
+    concurrency: int  # 0: no level met the SLOs
+    goodput_tok_s: float = 0.0  # output tok/s of the requests that met every SLO
+    output_tok_s: float = 0.0
+    ttft_p99_ms: float = 0.0
+    itl_p99_ms: float = 0.0
+    tpot_p99_ms: float = 0.0
+    next_concurrency: int | None = None  # the first level probed above it that broke an SLO
+    runs: int = 0
+    tried: tuple[str, ...] = ()  # "C=8: holds", "C=16: itl_p99_ms 61.2 > 50"
+
+
+class CapacityComparison(_Frozen):
+    candidate: CapacityResult
+    incumbent: CapacityResult | None = None
+    # candidate / incumbent goodput at each one's capacity
+    goodput_ratio: float | None = None
+    passed: bool = True
+    reasons: tuple[str, ...] = ()
+
+
 class GateResult(_Frozen):
     schema_version: int = SCHEMA_VERSION
     name: str  # the measured configuration, e.g. "eagle3-topk1-v2"
@@ -150,6 +174,7 @@ class GateResult(_Frozen):
     levels: tuple[LevelResult, ...]
     probe: ProbeResult | None = None
     agreement: AgreementResult | None = None
+    capacity: CapacityComparison | None = None
     bars: tuple[str, ...] = ()  # violated absolute bars, one sentence each
     verdict: Verdict
     reasons: tuple[str, ...] = ()

@@ -13,12 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 from builder.errors import InfraError, InputError
-from builder.gate import agreement, loadgen
+from builder.gate import agreement, capacity, loadgen
 from builder.gate.probe import run_probe
 from builder.gate.profile import GateProfile
 from builder.gate.readiness import get_json, port_open, wait_ready_async
 from builder.gate.result import (
     AgreementResult,
+    CapacityComparison,
+    CapacityResult,
     GateResult,
     LevelResult,
     ProbeResult,
@@ -264,6 +266,40 @@ async def _agreement(url: str, inc_url: str | None, baseline: GateResult | None,
                              max_drop=profile.max_logprob_drop)
 
 
+def judge_capacity(cand: CapacityResult, inc: CapacityResult | None,
+                   required: bool) -> CapacityComparison:
+    """Both sides' capacity; fails only when the profile requires capacity not to drop."""
+    if inc is None:
+        return CapacityComparison(candidate=cand)
+    ratio = cand.goodput_tok_s / inc.goodput_tok_s if inc.goodput_tok_s > 0 else None
+    reasons = []
+    if required and cand.concurrency < inc.concurrency:
+        reasons.append(f"capacity under {_slo_text(cand.slo)}: C={cand.concurrency} "
+                       f"({cand.goodput_tok_s:.1f} tok/s goodput) is below the incumbent's "
+                       f"C={inc.concurrency} ({inc.goodput_tok_s:.1f} tok/s)")
+    return CapacityComparison(candidate=cand, incumbent=inc, goodput_ratio=ratio,
+                              passed=not reasons, reasons=tuple(reasons))
+
+
+def _slo_text(slo: dict[str, float]) -> str:
+    return ", ".join(f"{k}<={v:g}" for k, v in slo.items())
+
+
+async def _capacity(url: str, inc_url: str | None, baseline: GateResult | None,
+                    profile: GateProfile, wl: Workload) -> CapacityComparison | None:
+    if not profile.slo:
+        return None
+    top = profile.capacity_max_concurrency
+    inc = None
+    if inc_url:
+        inc = await capacity.measure_capacity(inc_url, wl, profile.slo, top)
+    elif baseline is not None and baseline.capacity is not None \
+            and baseline.capacity.candidate.slo == profile.slo:
+        inc = baseline.capacity.candidate
+    cand = await capacity.measure_capacity(url, wl, profile.slo, top)
+    return judge_capacity(cand, inc, profile.require_capacity)
+
+
 async def run_gate_async(
     url: str,
     profile: GateProfile,
@@ -303,16 +339,20 @@ async def run_gate_async(
     probe = await _probe(url, inc_url, baseline, profile)
     emit("probe", {"probe": probe})
     agreed = await _agreement(url, inc_url, baseline, profile)
+    cap = await _capacity(url, inc_url, baseline, profile, wl)
     bars = bar_violations(levels, profile)
     verdict = overall(levels, bars, probe, compared=bool(inc_url or baseline is not None),
                       agreed=agreed)
+    if cap is not None and not cap.passed:
+        verdict = "fail"
     reasons = [r for lv in levels for r in lv.reasons] + bars + list(probe.reasons) + \
-        list(agreed.reasons if agreed is not None else ())
+        list(agreed.reasons if agreed is not None else ()) + \
+        list(cap.reasons if cap is not None else ())
     return GateResult(
         name=name, url=url, started_at=started, finished_at=_now(), workload=wl,
         fingerprint=wl.fingerprint(), tolerance=profile.tolerance, host=facts,
         baseline_name=baseline.name if baseline is not None else inc_url,
-        levels=tuple(levels), probe=probe, agreement=agreed, bars=tuple(bars), verdict=verdict,
+        levels=tuple(levels), probe=probe, agreement=agreed, capacity=cap, bars=tuple(bars), verdict=verdict,
         reasons=tuple(reasons),
     )
 

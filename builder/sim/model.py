@@ -81,3 +81,17 @@ def single_stream_tok_s(profile: SimProfile, input_len: int, output_len: int) ->
     """Expected output tok/s of one client sending one request after another (C=1)."""
     ms = prefill_ms(profile, input_len) + expected_steps(profile, output_len) * step_ms(profile, 1)
     return output_len * 1000.0 / ms
+
+
+def expected_tpot_ms(profile: SimProfile, concurrency: int, input_len: int, output_len: int,
+                     speed: float = 1.0) -> float:
+    """Mean time per output token after the first, C clients in a closed loop (wall ms).
+
+    A request's decode spans its own steps at batch min(C, cap) plus the prefills of the
+    requests the other C-1 clients start meanwhile (decode pauses for each prefill), at
+    most one each. Requests beyond the cap wait before their first token, not between
+    tokens."""
+    batch = min(concurrency, profile.max_running)
+    decode = expected_steps(profile, output_len) * step_ms(profile, batch)
+    pauses = (batch - 1) * prefill_ms(profile, input_len)
+    return (decode + pauses) / max(output_len - 1, 1) / speed
