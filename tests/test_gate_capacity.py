@@ -19,7 +19,7 @@ def test_parse_slo() -> None:
     assert parse_slo("ttft_p99_ms=2000, itl_p99_ms=50") == {"ttft_p99_ms": 2000.0,
                                                            "itl_p99_ms": 50.0}
     for bad in ("", "ttft=1", "itl_p99_ms=0", "itl_p99_ms=x", "itl_p99_ms"):
-        with pytest.raises(ValueError, match="KEY=MS|no SLO"):
+        with pytest.raises(ValueError, match=r"KEY=MS|no SLO"):
             parse_slo(bad)
 
 
