@@ -75,6 +75,9 @@ class GateProfile(BaseModel):
     probe_prompts: tuple[str, ...] = DEFAULT_PROBE_PROMPTS
     probe_max_tokens: int = Field(default=32, ge=1)
     probe_golden: tuple[str, ...] = ()
+    # traffic weights: concurrency level -> share of the incumbent's busy time (from
+    # `stackbuild traffic`, or declared); adds the expected throughput change on it
+    traffic: dict[int, float] = Field(default_factory=dict)
     # capacity under SLOs (builder.gate.capacity): keys ttft_p99_ms, itl_p99_ms, tpot_p99_ms
     slo: dict[str, float] = Field(default_factory=dict)
     capacity_max_concurrency: int = Field(default=256, ge=1)

@@ -23,6 +23,10 @@ def _atomic_write(path: Path, text: str) -> None:
         raise InputError(f"{path}: cannot write ({err.strerror}); choose a writable path") from None
 
 
+def write_text(path: Path | str, text: str) -> None:
+    _atomic_write(Path(path), text)
+
+
 def write_json(result: GateResult, path: Path | str) -> None:
     _atomic_write(Path(path), result.model_dump_json(indent=2) + "\n")
 
@@ -116,6 +120,11 @@ def markdown_summary(result: GateResult) -> str:
                     f"{ag.logprob_incumbent:.3f} under the incumbent (drop {ag.logprob_drop:.3f})")
     elif ag is not None:
         tail.append(f"Agreement: {ag.prompts} greedy outputs recorded for later comparisons")
+    tr = result.traffic
+    if tr is not None:
+        mix = ", ".join(f"C={c} {w:.0%}" for c, w in sorted(tr.weights.items()))
+        tail.append(f"On traffic ({mix}): expected output throughput {tr.change:+.1%} "
+                    f"({tr.confidence:.0%} CI {tr.ci_low:+.1%}..{tr.ci_high:+.1%})")
     cap = result.capacity
     if cap is not None:
         def side(c: CapacityResult) -> str:

@@ -95,6 +95,8 @@ class LevelResult(_Frozen):
     bar: float | None = None
     required: bool = True
     explanation: str = ""
+    # the incumbent's runs (output tok/s) this level was compared with
+    baseline_runs_tok_s: tuple[float, ...] = ()
 
 
 class ProbeResult(_Frozen):
@@ -159,6 +161,16 @@ class CapacityComparison(_Frozen):
     reasons: tuple[str, ...] = ()
 
 
+class TrafficResult(_Frozen):
+    """The expected throughput change on the incumbent's measured (or declared) traffic."""
+
+    weights: dict[int, float]  # concurrency level -> share of busy time
+    change: float  # sum(w * candidate) / sum(w * incumbent) - 1
+    ci_low: float
+    ci_high: float
+    confidence: float = 0.95
+
+
 class GateResult(_Frozen):
     schema_version: int = SCHEMA_VERSION
     name: str  # the measured configuration, e.g. "eagle3-topk1-v2"
@@ -175,6 +187,7 @@ class GateResult(_Frozen):
     probe: ProbeResult | None = None
     agreement: AgreementResult | None = None
     capacity: CapacityComparison | None = None
+    traffic: TrafficResult | None = None
     bars: tuple[str, ...] = ()  # violated absolute bars, one sentence each
     verdict: Verdict
     reasons: tuple[str, ...] = ()

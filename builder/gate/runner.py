@@ -13,14 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 from builder.errors import InfraError, InputError
-from builder.gate import agreement, capacity, loadgen
+from builder.gate import checks, loadgen
 from builder.gate.probe import run_probe
 from builder.gate.profile import GateProfile
 from builder.gate.readiness import get_json, port_open, wait_ready_async
 from builder.gate.result import (
     AgreementResult,
-    CapacityComparison,
-    CapacityResult,
     GateResult,
     LevelResult,
     ProbeResult,
@@ -100,6 +98,7 @@ def judge_level(
     if incumbent:
         inc_med = statistics.median(incumbent)
         fields["baseline_median_output_tok_s"] = inc_med
+        fields["baseline_runs_tok_s"] = tuple(incumbent)
         if inc_med <= 0:
             reasons.append(f"C={level.concurrency}: the incumbent measured 0 tok/s; re-measure it")
             verdict = "fail" if verdict == "fail" else "inconclusive"
@@ -238,68 +237,6 @@ async def _probe(url: str, inc_url: str | None, baseline: GateResult | None,
                            reference=reference, model=profile.model)
 
 
-async def _agreement(url: str, inc_url: str | None, baseline: GateResult | None,
-                     profile: GateProfile) -> AgreementResult | None:
-    """Candidate's greedy outputs and likelihoods against the incumbent's (live or stored)."""
-    n, tokens = profile.agreement_prompts, profile.agreement_tokens
-    if n == 0:
-        return None
-    try:
-        mine = await agreement.collect(url, profile.seed, n, tokens, profile.timeout_s)
-        reference: tuple[Any, ...] = ()
-        if inc_url:
-            reference = await agreement.collect(inc_url, profile.seed, n, tokens, profile.timeout_s)
-        elif baseline is not None and baseline.agreement is not None:
-            reference = baseline.agreement.samples
-        if reference and [r.prompt for r in reference] != [m.prompt for m in mine]:
-            note = ("agreement: the baseline's stored outputs are of other prompts (seed or "
-                    "agreement_prompts differ); not compared")
-            return AgreementResult(prompts=n, tokens=tokens, samples=mine, reasons=(note,))
-        if not reference:
-            return AgreementResult(prompts=n, tokens=tokens, samples=mine)
-        forced = await agreement.teacher_forced(url, reference, profile.timeout_s)
-    except InfraError as err:
-        return AgreementResult(prompts=n, tokens=tokens, passed=False,
-                               reasons=(f"agreement: {err}",))
-    return agreement.compare(reference, mine, forced,
-                             min_first_token=profile.min_first_token_agreement,
-                             max_drop=profile.max_logprob_drop)
-
-
-def judge_capacity(cand: CapacityResult, inc: CapacityResult | None,
-                   required: bool) -> CapacityComparison:
-    """Both sides' capacity; fails only when the profile requires capacity not to drop."""
-    if inc is None:
-        return CapacityComparison(candidate=cand)
-    ratio = cand.goodput_tok_s / inc.goodput_tok_s if inc.goodput_tok_s > 0 else None
-    reasons = []
-    if required and cand.concurrency < inc.concurrency:
-        reasons.append(f"capacity under {_slo_text(cand.slo)}: C={cand.concurrency} "
-                       f"({cand.goodput_tok_s:.1f} tok/s goodput) is below the incumbent's "
-                       f"C={inc.concurrency} ({inc.goodput_tok_s:.1f} tok/s)")
-    return CapacityComparison(candidate=cand, incumbent=inc, goodput_ratio=ratio,
-                              passed=not reasons, reasons=tuple(reasons))
-
-
-def _slo_text(slo: dict[str, float]) -> str:
-    return ", ".join(f"{k}<={v:g}" for k, v in slo.items())
-
-
-async def _capacity(url: str, inc_url: str | None, baseline: GateResult | None,
-                    profile: GateProfile, wl: Workload) -> CapacityComparison | None:
-    if not profile.slo:
-        return None
-    top = profile.capacity_max_concurrency
-    inc = None
-    if inc_url:
-        inc = await capacity.measure_capacity(inc_url, wl, profile.slo, top)
-    elif baseline is not None and baseline.capacity is not None \
-            and baseline.capacity.candidate.slo == profile.slo:
-        inc = baseline.capacity.candidate
-    cand = await capacity.measure_capacity(url, wl, profile.slo, top)
-    return judge_capacity(cand, inc, profile.require_capacity)
-
-
 async def run_gate_async(
     url: str,
     profile: GateProfile,
@@ -338,8 +275,9 @@ async def run_gate_async(
         levels.append(lv)
     probe = await _probe(url, inc_url, baseline, profile)
     emit("probe", {"probe": probe})
-    agreed = await _agreement(url, inc_url, baseline, profile)
-    cap = await _capacity(url, inc_url, baseline, profile, wl)
+    agreed = await checks.agreement_check(url, inc_url, baseline, profile)
+    cap = await checks.capacity_check(url, inc_url, baseline, profile, wl)
+    on_traffic = checks.traffic_verdict(levels, profile)
     bars = bar_violations(levels, profile)
     verdict = overall(levels, bars, probe, compared=bool(inc_url or baseline is not None),
                       agreed=agreed)
@@ -352,7 +290,8 @@ async def run_gate_async(
         name=name, url=url, started_at=started, finished_at=_now(), workload=wl,
         fingerprint=wl.fingerprint(), tolerance=profile.tolerance, host=facts,
         baseline_name=baseline.name if baseline is not None else inc_url,
-        levels=tuple(levels), probe=probe, agreement=agreed, capacity=cap, bars=tuple(bars), verdict=verdict,
+        levels=tuple(levels), probe=probe, agreement=agreed, capacity=cap, traffic=on_traffic,
+        bars=tuple(bars), verdict=verdict,
         reasons=tuple(reasons),
     )
 
