@@ -41,6 +41,7 @@ class Cell:
     runs: int = 0
     ci_low: float | None = None
     ci_high: float | None = None
+    bar: float | None = None  # the level's policy, when the gate had one
 
 
 @dataclass
@@ -144,7 +145,7 @@ def _reference(current: dict[str, GateRecord]) -> str | None:
 
 def _cells(res: GateResult) -> dict[int, Cell]:
     return {lv.concurrency: Cell(lv.median_output_tok_s, lv.ttft_p99_ms, lv.ratio, lv.verdict, len(lv.runs),
-                                 lv.ci_low, lv.ci_high) for lv in res.levels}
+                                 lv.ci_low, lv.ci_high, lv.bar) for lv in res.levels}
 
 
 def _deployed(mine: list[DeployRecord]) -> str:
@@ -320,7 +321,9 @@ def render_markdown(report: Report, plot: str | None = None) -> str:
                 elif cell.ratio is None:
                     cells.append(f"{cell.tok_s:.1f}")
                 else:
-                    cells.append(f"{cell.tok_s:.1f} ({_pct(cell.ratio)}, {STATUS.get(cell.verdict, cell.verdict)})")
+                    bar = "" if cell.bar is None else f"{allowed(cell.bar)}: "
+                    said = STATUS.get(cell.verdict, cell.verdict)
+                    cells.append(f"{cell.tok_s:.1f} ({_pct(cell.ratio)}, {bar}{said})")
             out.append(f"| {_esc(name)} | " + " | ".join(cells) + " |")
         for name in names:
             if name != g.reference:

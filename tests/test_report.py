@@ -196,3 +196,5 @@ def test_results_table_says_why_under_a_per_level_policy(ledger: Ledger) -> None
     md = render_markdown(build_report(ledger.gate_runs(), ledger.deploys()))
     assert ("| eagle3-topk1-v2 | PASS | **86.8** | vs reference: C=1 -6.4% (allowed -8%: PASS), "
             "C=30 +10.1% (must not lose: PASS), C=250 +5.1% (must not lose: PASS) |") in md
+    assert ("| eagle3-topk1-v2 | 86.8 (-6.4%, allowed -8%: PASS) | 759.3 (+10.1%, must not lose: PASS) "
+            "| 754.4 (+5.1%, must not lose: PASS) |") in md
