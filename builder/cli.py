@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "gate": ("builder.commands.gate_cmds:gate_cmd", "Measure a server against an incumbent and decide."),
     "sim": ("builder.commands.gate_cmds:sim_cmd", "Run the SGLang-compatible simulated server."),
+    "traffic": ("builder.commands.gate_cmds:traffic_cmd",
+                "Sample a server's /metrics and write traffic weights per concurrency level."),
     "report": ("builder.commands.report_cmds:report_cmd", "Write the results table, conclusion and plot."),
     "demo": ("builder.commands.demo_cmd:demo_cmd", "Whole pipeline on the local sim stack and test host."),
 }

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.gate.result import GateResult, LevelResult
+from builder.gate.stats import allowed
 from builder.ledger import BuildRecord, DeployRecord, GateRecord, Ledger
 
 MAX_BUILDS = 10
@@ -41,6 +42,7 @@ class Cell:
     runs: int = 0
     ci_low: float | None = None
     ci_high: float | None = None
+    bar: float | None = None  # the level's policy, when the gate had one
 
 
 @dataclass
@@ -85,6 +87,14 @@ def _pct(r: float) -> str:
     return f"{(r - 1) * 100:+.1f}%"
 
 
+def _policy(lv: LevelResult) -> str:
+    """", allowed -8%: pass": the level's bar and verdict, when the result carries a bar."""
+    if lv.bar is None:
+        return ""
+    advisory = "" if lv.required else ", advisory"
+    return f" ({allowed(lv.bar)}{advisory}: {STATUS.get(lv.verdict, lv.verdict)})"
+
+
 def _first_reason(res: GateResult) -> str:
     reasons = [*res.bars, *res.reasons, *(res.probe.reasons if res.probe else ())]
     return reasons[0] if reasons else ""
@@ -100,7 +110,8 @@ def _row_for(rec: GateRecord, reference: str | None) -> Row:
     if status != "Reference":
         if status in ("FAILED", "INCONCLUSIVE"):
             notes.append(_first_reason(res))
-        ratios = [f"C={lv.concurrency} {_pct(lv.ratio)}" for lv in res.levels if lv.ratio is not None]
+        ratios = [f"C={lv.concurrency} {_pct(lv.ratio)}" + _policy(lv)
+                  for lv in res.levels if lv.ratio is not None]
         if ratios:
             notes.append("vs reference: " + ", ".join(ratios))
     return Row(res.name, status, low.median_output_tok_s if low else None, "; ".join(n for n in notes if n),
@@ -135,7 +146,7 @@ def _reference(current: dict[str, GateRecord]) -> str | None:
 
 def _cells(res: GateResult) -> dict[int, Cell]:
     return {lv.concurrency: Cell(lv.median_output_tok_s, lv.ttft_p99_ms, lv.ratio, lv.verdict, len(lv.runs),
-                                 lv.ci_low, lv.ci_high) for lv in res.levels}
+                                 lv.ci_low, lv.ci_high, lv.bar) for lv in res.levels}
 
 
 def _deployed(mine: list[DeployRecord]) -> str:
@@ -311,7 +322,9 @@ def render_markdown(report: Report, plot: str | None = None) -> str:
                 elif cell.ratio is None:
                     cells.append(f"{cell.tok_s:.1f}")
                 else:
-                    cells.append(f"{cell.tok_s:.1f} ({_pct(cell.ratio)}, {STATUS.get(cell.verdict, cell.verdict)})")
+                    bar = "" if cell.bar is None else f"{allowed(cell.bar)}: "
+                    said = STATUS.get(cell.verdict, cell.verdict)
+                    cells.append(f"{cell.tok_s:.1f} ({_pct(cell.ratio)}, {bar}{said})")
             out.append(f"| {_esc(name)} | " + " | ".join(cells) + " |")
         for name in names:
             if name != g.reference:

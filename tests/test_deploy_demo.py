@@ -33,6 +33,8 @@ def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
     # the build is in the ledger too, linked to the deploy that promoted it
     builds = table.split("## Builds", 1)[1]
     assert "| sim | `127.0.0.1:5000/stackbuild:sim-" in builds and "promoted on root@127.0.0.1:" in builds
-    assert "demo: exit codes: baseline=0" in out
+    assert "demo: exit codes: baseline=0, eagle3-topk1-v2=0" in out
+    # promoted under the sim stack's policy (C=1 may lose 8%, C>=2 must not lose), and the table says why
+    assert "allowed -8%: PASS)" in table and "must not lose: PASS)" in table
     gone = subprocess.run(["/usr/bin/docker", "inspect", name], capture_output=True)
     assert gone.returncode != 0, "--remove-host left the host container behind"

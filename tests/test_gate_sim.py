@@ -10,9 +10,11 @@ import pytest
 
 from builder.cli import main
 from builder.gate.profile import GateProfile
+from builder.gate.result import GateResult
 from builder.gate.runner import run_gate
 from builder.net import free_port
 from builder.sim.process import sim
+from builder.spec import load_stack
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +74,7 @@ def test_garbage_output_fails_the_probe(capsys: pytest.CaptureFixture[str]) -> N
     assert rc == 1
     assert "Probe: FAILED" in captured.out
     assert "one token repeated" in captured.out
-    assert "differs from the incumbent" in captured.out
+    assert "first tokens agree on 0%" in captured.out
 
 
 def test_mid_run_crash_is_failed_requests_not_a_fast_run(tmp_path: Path) -> None:
@@ -142,3 +144,82 @@ def test_generate_api_measures_what_completions_measures() -> None:
     assert all(r.token_count_mismatches == 0 and r.output_tokens == 8 * 320
                for r in (*a.runs, *b.runs))
     assert b.median_output_tok_s == pytest.approx(a.median_output_tok_s, rel=0.05)
+
+
+def test_users_policy_passes_topk1_v2_and_fails_topk4_v1() -> None:
+    """The sim stack's gate profile holds the users' policy (C=1 may lose 8%, C>=2 must not
+    lose). By the model topk1-v2 is 6.5% slower at C=1 and 55% faster at C=8; topk4-v1 is
+    38% slower at C=8 (tests/test_gate_policy.py checks those margins without a clock)."""
+    prof = load_stack("sim", root=Path(__file__).resolve().parents[1]).gate.profiles["quick"]
+    cap = ("--max-running-requests", "256")
+    with sim("--speed", "20") as inc, \
+            sim("--speed", "20", "--profile", "eagle3-topk1-v2", *cap) as k1, \
+            sim("--speed", "20", "--profile", "eagle3-topk4-v1", *cap) as k4:
+        good = run_gate(k1.url, prof, name="eagle3-topk1-v2", baseline_url=inc.url)
+        bad = run_gate(k4.url, prof.with_overrides(concurrency=(8,)), name="eagle3-topk4-v1",
+                       baseline_url=inc.url)
+    assert good.verdict == "pass", good.reasons
+    c1, c8 = good.levels
+    assert c1.explanation.endswith("allowed -8%: pass") and 0.92 <= (c1.ci_low or 0) <= (c1.ratio or 0) < 1
+    assert c8.explanation.endswith("must not lose: pass")
+    assert bad.verdict == "fail" and bad.levels[0].explanation.endswith("must not lose: fail")
+
+
+def test_agreement_fails_a_drifting_candidate_live_and_stored(tmp_path: Path) -> None:
+    """Same speed, plausible text: only agreement can tell. Live incumbent (side-by-side)
+    and the incumbent's stored result (what swap compares with) must both catch it;
+    a benign divergence and EAGLE (same greedy tokens) pass."""
+    prof = GateProfile(concurrency=(8,), input_len=32, output_len=48, runs=3, max_runs=3,
+                       warmup=1, tolerance=0.5)
+    with sim("--speed", "10") as inc, sim("--speed", "10", "--fault", "drift") as drift, \
+            sim("--speed", "10", "--fault", "diverge:4") as div, \
+            sim("--speed", "10", "--profile", "eagle3-topk1-v2") as eagle:
+        stored = run_gate(inc.url, prof, name="baseline")
+        live = run_gate(drift.url, prof, name="drift", baseline_url=inc.url)
+        benign = run_gate(div.url, prof, name="diverge", baseline_url=inc.url)
+        spec = run_gate(eagle.url, prof, name="eagle", baseline_url=inc.url)
+    (tmp_path / "inc.json").write_text(stored.model_dump_json())
+    with sim("--speed", "10", "--fault", "drift") as drift:
+        rc = main(["gate", "--url", drift.url, "--baseline", str(tmp_path / "inc.json"),
+                   "--concurrency", "8", "--input-len", "32", "--output-len", "48", "--runs", "3",
+                   "--max-runs", "3", "--warmup", "1", "--tolerance", "50", "--no-progress",
+                   "--json", str(tmp_path / "drift.json")])
+    swapped = json.loads((tmp_path / "drift.json").read_text())
+    assert stored.agreement is not None and len(stored.agreement.samples) == 32
+    for res in (live, GateResult.model_validate(swapped)):
+        ag = res.agreement
+        assert res.verdict == "fail" and ag is not None and not ag.passed
+        assert (ag.logprob_drop or 0) > 5 and (ag.first_token or 0) < 0.1
+        assert any("diverges at token 0" in r for r in res.reasons)
+    assert rc == 1
+    for res in (benign, spec):
+        ag = res.agreement
+        assert ag is not None and ag.passed and ag.compared and ag.first_token == 1.0
+        assert abs(ag.logprob_drop or 0) < 0.05, res.name
+    assert benign.agreement is not None and (benign.agreement.full_match or 1) < 1
+    assert spec.agreement is not None and spec.agreement.full_match == 1.0
+
+
+def test_capacity_under_an_slo_matches_the_model_within_one_step() -> None:
+    """The search's answer against the simulator's own model: the highest grid level whose
+    expected TPOT (builder.sim.model.expected_tpot_ms) meets the SLO, give or take a step."""
+    from builder.gate.capacity import GRID
+    from builder.sim.model import expected_tpot_ms
+    from builder.sim.profiles import PROFILES
+
+    speed, slo_ms = 2.0, 16.8  # baseline's model TPOT at C=20, between grid levels 16 and 24
+    prof = GateProfile(concurrency=(1,), input_len=32, output_len=128, runs=1, max_runs=1,
+                       warmup=1, slo={"tpot_p99_ms": slo_ms}, capacity_max_concurrency=96,
+                       agreement_prompts=0)
+    cap = ("--max-running-requests", "256")
+    with sim("--speed", str(speed)) as inc, \
+            sim("--speed", str(speed), "--profile", "eagle3-topk1-v2", *cap) as cand:
+        res = run_gate(cand.url, prof, name="topk1", baseline_url=inc.url)
+    assert res.capacity is not None and res.capacity.incumbent is not None
+    for side, profile in ((res.capacity.incumbent, PROFILES["baseline"]),
+                          (res.capacity.candidate, PROFILES["eagle3-topk1-v2"].as_measured())):
+        model = max((c for c in GRID if c <= 96 and
+                     expected_tpot_ms(profile, c, 32, 128, speed) <= slo_ms), default=0)
+        assert abs(GRID.index(side.concurrency) - GRID.index(model)) <= 1, (side, model)
+        assert side.runs <= 5 and side.goodput_tok_s > 0
+    assert res.capacity.goodput_ratio is not None

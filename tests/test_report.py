@@ -185,3 +185,16 @@ def test_builds_section_links_each_image_to_its_latest_deploy() -> None:
         "| cuda13 | `r/sb:cuda13-aaa` | `sha256:a` | promoted on root@gpu1 as cuda13 (other deploys: 2 rolled-back) "
         "| 2026-11-01T00:00:00 |\n")
     assert report.to_json()["builds"][1]["digest"] == "sha256:a"
+
+
+def test_results_table_says_why_under_a_per_level_policy(ledger: Ledger) -> None:
+    ledger.record_gate(result("baseline", USERS["baseline"], "2026-11-01T00:00:00", baseline=None))
+    res = result("eagle3-topk1-v2", USERS["eagle3-topk1-v2"], "2026-11-03T00:00:00")
+    bars = {1: 0.92, 30: 1.0, 250: 1.0}
+    levels = tuple(lv.model_copy(update={"bar": bars[lv.concurrency], "verdict": "pass"}) for lv in res.levels)
+    ledger.record_gate(res.model_copy(update={"levels": levels, "verdict": "pass", "reasons": ()}))
+    md = render_markdown(build_report(ledger.gate_runs(), ledger.deploys()))
+    assert ("| eagle3-topk1-v2 | PASS | **86.8** | vs reference: C=1 -6.4% (allowed -8%: PASS), "
+            "C=30 +10.1% (must not lose: PASS), C=250 +5.1% (must not lose: PASS) |") in md
+    assert ("| eagle3-topk1-v2 | 86.8 (-6.4%, allowed -8%: PASS) | 759.3 (+10.1%, must not lose: PASS) "
+            "| 754.4 (+5.1%, must not lose: PASS) |") in md

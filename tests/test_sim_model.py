@@ -130,10 +130,12 @@ def test_parse_requests() -> None:
                                   "stream_options": {"include_usage": True}}, "r2", "m")
     assert (c.prompt_tokens, c.max_new_tokens, c.include_usage, c.model) == (3, 4, True, "m")
     ch = api.parse("chat", {"messages": [{"role": "user", "content": "hi"}]}, "r3", "m")
-    assert ch.max_new_tokens == 16
+    # sglang 0.5.23 openai/protocol.py:928: chat max_tokens defaults to None (until EOS)
+    assert ch.max_new_tokens is None
+    assert api.parse("completions", {"prompt": "x", "max_tokens": 0}, "r", "m").max_new_tokens == 0
     for route, body in [("completions", {"prompt": {"a": 1}}), ("chat", {"messages": []}),
                         ("generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}),
-                        ("completions", {"prompt": "x", "max_tokens": 0})]:
+                        ("generate", {"input_ids": [1], "logprob_start_len": -2})]:
         with pytest.raises(api.BadRequest):
             api.parse(route, body, "r", "m")  # type: ignore[arg-type]
 

@@ -17,7 +17,7 @@ from builder.errors import InputError
               help="baseline, eagle3-topk1-v2 or eagle3-topk4-v1")
 @click.option("--fault", default=None,
               help="crash-on-start, never-ready, fail-first-generation, garbage[:repeat|empty|fffd], "
-                   "slow:FACTOR, die-after:N, stall-stream")
+                   "slow:FACTOR, die-after:N, stall-stream, diverge:N, drift")
 @click.option("--speed", default=1.0, show_default=True, type=click.FloatRange(min=0.001),
               help="multiplies every rate (tok/s) of the timing model")
 @click.option("--warmup-s", default=1.0, show_default=True, type=click.FloatRange(min=0),
@@ -71,6 +71,82 @@ def _levels(value: str | None) -> tuple[int, ...] | None:
     return levels
 
 
+def _level_bars(values: tuple[str, ...]) -> dict[int, dict[str, Any]] | None:
+    """`--level-tolerance C=PCT`: at C the candidate may lose up to PCT%; a negative PCT is a
+    required gain (`8=-5`: must be 5% faster at C=8)."""
+    out: dict[int, dict[str, Any]] = {}
+    for v in values:
+        c, sep, pct = v.partition("=")
+        try:
+            level, p = int(c), float(pct)
+        except ValueError:
+            level, p = 0, float("nan")
+        if not sep or level < 1 or p != p or p >= 100:
+            raise InputError(f"--level-tolerance: {v!r} is not C=PCT with C a concurrency >= 1 "
+                             "and PCT < 100, e.g. --level-tolerance 1=8 --level-tolerance 30=0")
+        out[level] = {"tolerance": p / 100.0} if p >= 0 else {"min_gain": -p / 100.0}
+    return out or None
+
+
+def _slo(text: str | None) -> dict[str, float] | None:
+    if text is None:
+        return None
+    from builder.gate.capacity import parse_slo
+
+    try:
+        return parse_slo(text)
+    except ValueError as err:
+        raise InputError(f"--slo: {err}") from None
+
+
+def _read_traffic(path: Path | None) -> dict[int, float] | None:
+    if path is None:
+        return None
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        weights = {int(c): float(w) for c, w in data["weights"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise InputError(f"{path}: not a traffic file ({type(err).__name__}: {err}); "
+                         "write one with `stackbuild traffic --url URL --for 10m --out FILE`") \
+            from None
+    return weights
+
+
+@click.command("traffic")
+@click.option("--url", required=True, help="the incumbent server, e.g. http://127.0.0.1:30000")
+@click.option("--for", "window", default="10m", show_default=True,
+              help="how long to sample, e.g. 30s, 10m, 1h")
+@click.option("--every", default=1.0, show_default=True, type=click.FloatRange(min=0.05),
+              help="seconds between samples of /metrics")
+@click.option("--concurrency", "levels_text", default="1,8,30,250", show_default=True,
+              help="the gate levels the samples are mapped onto")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="write the traffic profile (JSON) here; `stackbuild gate --traffic FILE`")
+def traffic_cmd(url: str, window: str, every: float, levels_text: str, out: Path | None) -> None:
+    """Sample a server's requests in flight from /metrics and write traffic weights per level."""
+    import asyncio
+    import json
+
+    from builder.gate.report import write_text
+    from builder.gate.traffic import parse_duration, sample, weights
+
+    try:
+        seconds = parse_duration(window)
+    except ValueError as err:
+        raise InputError(f"--for: {err}") from None
+    levels = _levels(levels_text) or (1,)
+    samples = asyncio.run(sample(url.rstrip("/"), seconds, every))
+    w, idle = weights(samples, levels)
+    body = {"url": url, "window_s": seconds, "samples": len(samples), "idle": idle,
+            "weights": {str(c): x for c, x in sorted(w.items())}}
+    text = json.dumps(body, indent=2) + "\n"
+    if out:
+        write_text(out, text)
+    click.echo(text, nl=False)
+
+
 def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) -> Any:
     from builder.gate.profile import BUILTIN_PROFILES
 
@@ -122,6 +198,17 @@ def _record(ledger: Path, result: Any) -> None:
 @click.option("--requests-per-slot", type=click.IntRange(min=1))
 @click.option("--min-requests", type=click.IntRange(min=0), help="requests per run at least")
 @click.option("--tolerance", type=click.FloatRange(0, 99), help="percent, e.g. 5")
+@click.option("--level-tolerance", "level_tolerance", multiple=True, metavar="C=PCT",
+              help="at concurrency C the candidate may lose up to PCT% (negative: must gain "
+                   "-PCT%); repeatable, overrides the profile's bar at that level")
+@click.option("--slo", metavar="KEY=MS,...",
+              help="capacity under SLOs: ttft_p99_ms, itl_p99_ms, tpot_p99_ms, e.g. "
+                   "ttft_p99_ms=2000,itl_p99_ms=50; finds the highest concurrency where all hold")
+@click.option("--require-capacity/--no-require-capacity", default=None,
+              help="fail when the candidate's capacity under the SLOs is below the incumbent's")
+@click.option("--traffic", "traffic_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="traffic weights written by `stackbuild traffic`: adds the expected "
+                   "throughput change on that traffic")
 @click.option("--api", type=click.Choice(["completions", "generate"]))
 @click.option("--model", help="model name sent in requests")
 @click.option("--seed", type=int)
@@ -137,7 +224,8 @@ def _record(ledger: Path, result: Any) -> None:
 def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseline_url: str | None,
              stack: str | None, profile_name: str | None, name: str, ledger: Path | None,
              json_out: Path | None, junit_out: Path | None, concurrency: str | None,
-             tolerance: float | None, show_progress: bool | None, **overrides: Any) -> None:
+             tolerance: float | None, level_tolerance: tuple[str, ...], slo: str | None,
+             traffic_file: Path | None, show_progress: bool | None, **overrides: Any) -> None:
     """Measure a server against an incumbent and decide: exit 0 pass, 1 fail, 3 inconclusive."""
     import sys
 
@@ -151,7 +239,9 @@ def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseli
     try:
         profile = profile.with_overrides(
             concurrency=_levels(concurrency),
-            tolerance=None if tolerance is None else tolerance / 100.0, **overrides)
+            tolerance=None if tolerance is None else tolerance / 100.0,
+            levels=_level_bars(level_tolerance), slo=_slo(slo),
+            traffic=_read_traffic(traffic_file), **overrides)
     except ValidationError as err:
         e = err.errors()[0]
         raise InputError(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}") \

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from builder.gate.result import Workload
 
@@ -20,6 +20,27 @@ DEFAULT_PROBE_PROMPTS: tuple[str, ...] = (
     "List three prime numbers:",
     "def fibonacci(n):",
 )
+
+
+class LevelPolicy(BaseModel):
+    """The bar at one concurrency: may lose up to `tolerance`, or must gain `min_gain`.
+
+    A level that is not `required` is measured and judged, but its verdict does
+    not decide the gate (it is reported as advisory).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tolerance: float | None = Field(default=None, ge=0, lt=1)
+    min_gain: float | None = Field(default=None, ge=0)
+    required: bool = True
+
+    @model_validator(mode="after")
+    def _one_bar(self) -> LevelPolicy:
+        if self.tolerance is not None and self.min_gain is not None:
+            raise ValueError("a level takes tolerance (may lose up to) or min_gain "
+                             "(must gain at least), not both")
+        return self
 
 
 class GateProfile(BaseModel):
@@ -43,6 +64,8 @@ class GateProfile(BaseModel):
     ready_timeout_s: float = Field(default=10.0, gt=0)
     # relative slack: pass when the CI lower bound of candidate/incumbent >= 1 - tolerance
     tolerance: float = Field(default=0.05, ge=0, lt=1)
+    # per-concurrency bars; a level not named here holds `tolerance` and is required
+    levels: dict[int, LevelPolicy] = Field(default_factory=dict)
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
     # absolute bars; None disables a bar
     min_tok_s_c1: float | None = None
@@ -52,6 +75,22 @@ class GateProfile(BaseModel):
     probe_prompts: tuple[str, ...] = DEFAULT_PROBE_PROMPTS
     probe_max_tokens: int = Field(default=32, ge=1)
     probe_golden: tuple[str, ...] = ()
+    # traffic weights: concurrency level -> share of the incumbent's busy time (from
+    # `stackbuild traffic`, or declared); adds the expected throughput change on it
+    traffic: dict[int, float] = Field(default_factory=dict)
+    # capacity under SLOs (builder.gate.capacity): keys ttft_p99_ms, itl_p99_ms, tpot_p99_ms
+    slo: dict[str, float] = Field(default_factory=dict)
+    capacity_max_concurrency: int = Field(default=256, ge=1)
+    # fail when the candidate's capacity under the SLOs is below the incumbent's
+    require_capacity: bool = False
+    # output agreement with the incumbent (builder.gate.agreement); 0 prompts disables it
+    agreement_prompts: int = Field(default=32, ge=0, le=1000)
+    agreement_tokens: int = Field(default=32, ge=1, le=4096)
+    # fail when fewer prompts than this agree on their first greedy token
+    min_first_token_agreement: float = Field(default=0.75, ge=0, le=1)
+    # fail when the candidate's mean logprob of the incumbent's outputs is lower by more
+    # than this (nats per token); a benign divergence moves it by hundredths
+    max_logprob_drop: float = Field(default=0.5, ge=0)
 
     @field_validator("concurrency")
     @classmethod
@@ -59,6 +98,27 @@ class GateProfile(BaseModel):
         if not v or any(c < 1 for c in v):
             raise ValueError("concurrency levels must be positive integers, e.g. [1, 30, 250]")
         return tuple(sorted(set(v)))
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, v: dict[str, float]) -> dict[str, float]:
+        from builder.gate.capacity import SLO_KEYS
+
+        bad = [k for k, x in v.items() if k not in SLO_KEYS or not x > 0]
+        if bad:
+            raise ValueError(f"slo: {', '.join(bad)}: keys are {', '.join(SLO_KEYS)}, "
+                             "values milliseconds > 0")
+        return v
+
+    def policy(self, concurrency: int) -> LevelPolicy:
+        return self.levels.get(concurrency) or LevelPolicy()
+
+    def bar(self, concurrency: int) -> float:
+        """The lowest candidate/incumbent ratio that passes at this level."""
+        pol = self.policy(concurrency)
+        if pol.min_gain is not None:
+            return 1.0 + pol.min_gain
+        return 1.0 - (self.tolerance if pol.tolerance is None else pol.tolerance)
 
     def workload(self) -> Workload:
         return Workload(
@@ -80,6 +140,9 @@ class GateProfile(BaseModel):
     def with_overrides(self, **fields: Any) -> GateProfile:
         """A copy with the given fields replaced (None means: keep), validated again."""
         data = self.model_dump()
+        levels = fields.pop("levels", None)
+        if levels:  # per-level bars from the CLI replace the profile's at those levels
+            data["levels"] = {**data["levels"], **levels}
         data.update({k: v for k, v in fields.items() if v is not None})
         return GateProfile.model_validate(data)
 

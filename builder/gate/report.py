@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from builder.errors import InputError
-from builder.gate.result import GateResult, LevelResult
+from builder.gate.result import CapacityResult, GateResult, LevelResult
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -21,6 +21,10 @@ def _atomic_write(path: Path, text: str) -> None:
         os.replace(tmp, path)
     except OSError as err:
         raise InputError(f"{path}: cannot write ({err.strerror}); choose a writable path") from None
+
+
+def write_text(path: Path | str, text: str) -> None:
+    _atomic_write(Path(path), text)
 
 
 def write_json(result: GateResult, path: Path | str) -> None:
@@ -100,9 +104,39 @@ def markdown_summary(result: GateResult) -> str:
                     f"{_f(lv.baseline_median_output_tok_s)} | {_f(lv.ratio, '.3f')} | {ci} | "
                     f"{lv.ttft_p99_ms:.0f} | {itl:.1f} | {lv.failed_requests} | {lv.verdict} |")
     tail = []
+    said = [lv.explanation for lv in result.levels if lv.explanation]
+    if said:
+        tail.append("Per level:\n" + "\n".join(f"- {e}" for e in said))
     if result.probe is not None:
         tail.append(f"Probe: {'passed' if result.probe.passed else 'FAILED'}"
                     f" ({len(result.probe.outputs)} prompts)")
+    ag = result.agreement
+    if ag is not None and ag.compared:
+        tail.append(f"Agreement: {'passed' if ag.passed else 'FAILED'} ({ag.prompts} prompts x "
+                    f"{ag.tokens} tokens): first token {ag.first_token:.0%}, exact prefix "
+                    f"p10 {ag.prefix_p10:.0f} / p50 {ag.prefix_p50:.0f} / mean "
+                    f"{ag.prefix_mean:.1f} tokens, full match {ag.full_match:.0%}; incumbent's "
+                    f"outputs {ag.logprob_candidate:.3f} nats/token under the candidate vs "
+                    f"{ag.logprob_incumbent:.3f} under the incumbent (drop {ag.logprob_drop:.3f})")
+    elif ag is not None:
+        tail.append(f"Agreement: {ag.prompts} greedy outputs recorded for later comparisons")
+    tr = result.traffic
+    if tr is not None:
+        mix = ", ".join(f"C={c} {w:.0%}" for c, w in sorted(tr.weights.items()))
+        tail.append(f"On traffic ({mix}): expected output throughput {tr.change:+.1%} "
+                    f"({tr.confidence:.0%} CI {tr.ci_low:+.1%}..{tr.ci_high:+.1%})")
+    cap = result.capacity
+    if cap is not None:
+        def side(c: CapacityResult) -> str:
+            return (f"C={c.concurrency}, goodput {c.goodput_tok_s:.1f} tok/s "
+                    f"({c.runs} runs: {'; '.join(c.tried)})")
+        slo = ", ".join(f"{k} <= {v:g}" for k, v in cap.candidate.slo.items())
+        line = f"Capacity under {slo}: candidate {side(cap.candidate)}"
+        if cap.incumbent is not None:
+            line += f"; incumbent {side(cap.incumbent)}"
+        if cap.goodput_ratio is not None:
+            line += f"; goodput ratio {cap.goodput_ratio:.3f}"
+        tail.append(line)
     if result.reasons:
         tail.append("Reasons:\n" + "\n".join(f"- {r}" for r in result.reasons))
     return head + "\n".join(rows) + "\n\n" + "\n\n".join(tail) + "\n"

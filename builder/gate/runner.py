@@ -13,12 +13,20 @@ from collections.abc import Callable
 from typing import Any
 
 from builder.errors import InfraError, InputError
-from builder.gate import loadgen
+from builder.gate import checks, loadgen
 from builder.gate.probe import run_probe
 from builder.gate.profile import GateProfile
 from builder.gate.readiness import get_json, port_open, wait_ready_async
-from builder.gate.result import GateResult, LevelResult, ProbeResult, RunMetrics, Verdict, Workload
-from builder.gate.stats import compare
+from builder.gate.result import (
+    AgreementResult,
+    GateResult,
+    LevelResult,
+    ProbeResult,
+    RunMetrics,
+    Verdict,
+    Workload,
+)
+from builder.gate.stats import allowed, compare
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -86,21 +94,24 @@ def judge_level(
         reasons.append(f"C={level.concurrency}: in {mismatched} requests the server's token "
                        "counts disagree with what it streamed; the tok/s cannot be trusted")
         verdict = "fail"
+    broken = verdict == "fail"
     if incumbent:
         inc_med = statistics.median(incumbent)
         fields["baseline_median_output_tok_s"] = inc_med
+        fields["baseline_runs_tok_s"] = tuple(incumbent)
         if inc_med <= 0:
             reasons.append(f"C={level.concurrency}: the incumbent measured 0 tok/s; re-measure it")
             verdict = "fail" if verdict == "fail" else "inconclusive"
         else:
+            bar = profile.bar(level.concurrency)
             cmp = compare([r.output_tok_s for r in level.runs], incumbent,
-                          tolerance=profile.tolerance, confidence=profile.confidence,
+                          tolerance=1.0 - bar, confidence=profile.confidence,
                           seed=profile.seed + level.concurrency)
             fields.update(ratio=cmp.ratio, ci_low=cmp.low, ci_high=cmp.high)
             ci = f"ratio {cmp.ratio:.3f}, {profile.confidence:.0%} CI [{cmp.low:.3f}, {cmp.high:.3f}]"
-            bar = 1 - profile.tolerance
             if cmp.decision == "fail":
-                reasons.append(f"C={level.concurrency}: slower than the incumbent: {ci} < {bar:.3f}")
+                reasons.append(f"C={level.concurrency}: slower than the incumbent allows: {ci} < {bar:.3f} "
+                               f"({allowed(bar)})")
                 verdict = "fail"
             elif cmp.decision == "undecided" and verdict != "fail":
                 verdict = "inconclusive"
@@ -109,7 +120,27 @@ def judge_level(
                                    f"runs: {ci} straddles {bar:.3f}; raise max_runs or tolerance")
             elif verdict != "fail":
                 verdict = "pass"
+            fields["explanation"] = explain(level.concurrency, cmp.ratio, cmp.low, cmp.high,
+                                            bar, verdict, profile.policy(level.concurrency).required)
+    pol = profile.policy(level.concurrency)
+    # failed requests and miscounted tokens decide at every level; the ratio only where required
+    required = pol.required or broken
+    fields.update(bar=profile.bar(level.concurrency) if incumbent else None, required=required)
+    if not required:
+        reasons = [f"{r} (advisory level)" for r in reasons]
     return level.model_copy(update={**fields, "verdict": verdict, "reasons": tuple(reasons)})
+
+
+def _pct(x: float) -> str:
+    return f"{(x - 1) * 100:+.1f}%"
+
+
+def explain(c: int, ratio: float, low: float, high: float, bar: float, verdict: Verdict,
+            required: bool) -> str:
+    """One sentence per level: "C=1 -6.4% (CI -8.1%..-4.6%), allowed -8%: pass"."""
+    word = {"inconclusive": "cannot tell yet"}.get(verdict, verdict)
+    tail = "" if required else " (advisory: does not decide the gate)"
+    return f"C={c} {_pct(ratio)} (CI {_pct(low)}..{_pct(high)}), {allowed(bar)}: {word}{tail}"
 
 
 def bar_violations(levels: list[LevelResult], profile: GateProfile) -> list[str]:
@@ -128,11 +159,14 @@ def bar_violations(levels: list[LevelResult], profile: GateProfile) -> list[str]
 
 
 def overall(levels: list[LevelResult], bars: list[str], probe: ProbeResult | None,
-            compared: bool) -> Verdict:
-    if bars or (probe is not None and not probe.passed) or any(
-            lv.verdict == "fail" for lv in levels):
+            compared: bool, agreed: AgreementResult | None = None) -> Verdict:
+    deciding = [lv for lv in levels if lv.required]
+    if agreed is not None and not agreed.passed:
         return "fail"
-    if any(lv.verdict == "inconclusive" for lv in levels):
+    if bars or (probe is not None and not probe.passed) or any(
+            lv.verdict == "fail" for lv in deciding):
+        return "fail"
+    if any(lv.verdict == "inconclusive" for lv in deciding):
         return "inconclusive"
     return "pass" if compared else "reference"
 
@@ -185,8 +219,14 @@ async def _run_level(
 
 async def _probe(url: str, inc_url: str | None, baseline: GateResult | None,
                  profile: GateProfile) -> ProbeResult:
-    """Candidate's greedy outputs vs the live incumbent's, else the stored ones, else golden."""
+    """Candidate's greedy outputs vs the live incumbent's, else the stored ones, else golden.
+
+    With output agreement on, the incumbent's texts are not compared exactly (agreement
+    judges that, tolerating benign divergence); the probe still catches degenerate text."""
     reference: tuple[str, ...] | None = profile.probe_golden or None
+    if profile.agreement_prompts > 0:
+        return await run_probe(url, profile.probe_prompts, profile.probe_max_tokens,
+                               reference=reference, model=profile.model)
     if inc_url:
         inc = await run_probe(inc_url, profile.probe_prompts, profile.probe_max_tokens,
                               reference=None, model=profile.model)
@@ -235,14 +275,23 @@ async def run_gate_async(
         levels.append(lv)
     probe = await _probe(url, inc_url, baseline, profile)
     emit("probe", {"probe": probe})
+    agreed = await checks.agreement_check(url, inc_url, baseline, profile)
+    cap = await checks.capacity_check(url, inc_url, baseline, profile, wl)
+    on_traffic = checks.traffic_verdict(levels, profile)
     bars = bar_violations(levels, profile)
-    verdict = overall(levels, bars, probe, compared=bool(inc_url or baseline is not None))
-    reasons = [r for lv in levels for r in lv.reasons] + bars + list(probe.reasons)
+    verdict = overall(levels, bars, probe, compared=bool(inc_url or baseline is not None),
+                      agreed=agreed)
+    if cap is not None and not cap.passed:
+        verdict = "fail"
+    reasons = [r for lv in levels for r in lv.reasons] + bars + list(probe.reasons) + \
+        list(agreed.reasons if agreed is not None else ()) + \
+        list(cap.reasons if cap is not None else ())
     return GateResult(
         name=name, url=url, started_at=started, finished_at=_now(), workload=wl,
         fingerprint=wl.fingerprint(), tolerance=profile.tolerance, host=facts,
         baseline_name=baseline.name if baseline is not None else inc_url,
-        levels=tuple(levels), probe=probe, bars=tuple(bars), verdict=verdict,
+        levels=tuple(levels), probe=probe, agreement=agreed, capacity=cap, traffic=on_traffic,
+        bars=tuple(bars), verdict=verdict,
         reasons=tuple(reasons),
     )
 

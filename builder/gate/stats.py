@@ -86,3 +86,12 @@ def compare(
     bar = 1.0 - tolerance
     decision: Decision = "pass" if low >= bar else "fail" if high < bar else "undecided"
     return Comparison(ratio, low, high, decision)
+
+
+def allowed(bar: float) -> str:
+    """The policy of a level in words: "allowed -8%", "must not lose", "required +5%"."""
+    if abs(bar - 1.0) < 1e-9:
+        return "must not lose"
+    if bar < 1.0:
+        return f"allowed -{(1 - bar) * 100:g}%"
+    return f"required +{(bar - 1) * 100:g}%"

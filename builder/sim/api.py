@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from builder.sim import lm
 from builder.sim.text import count_prompt_tokens, prompt_key
 
 Route = Literal["generate", "completions", "chat"]
@@ -25,15 +26,20 @@ class GenParams:
     rid: str
     key: bytes
     prompt_tokens: int
-    max_new_tokens: int
+    max_new_tokens: int | None  # None: until EOS or the context ends (chat's default)
     temperature: float
     ignore_eos: bool
     stream: bool
     include_usage: bool
     model: str
+    # the prompt as given (ids for token-id prompts), for the language model and logprobs
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+    return_logprob: bool = False
+    logprob_start_len: int = -1
 
 
-def _int(v: Any, name: str, default: int) -> int:
+def _int(v: Any, name: str, default: int | None) -> int | None:
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -76,6 +82,13 @@ def parse(route: Route, body: Any, rid: str, served_model: str) -> GenParams:
         ignore_eos = bool(sp.get("ignore_eos", False))
         rid = str(body.get("rid") or rid)
         include_usage = False
+        return_logprob = bool(body.get("return_logprob", False))
+        # io_struct.py: logprob_start_len None means -1 (output tokens only)
+        start_len = body.get("logprob_start_len")
+        logprob_start = -1 if start_len is None else start_len
+        if isinstance(logprob_start, bool) or not isinstance(logprob_start, int) \
+                or logprob_start < -1:
+            raise BadRequest("logprob_start_len must be an integer >= -1")
     else:
         if route == "chat":
             msgs = body.get("messages")
@@ -87,13 +100,13 @@ def parse(route: Route, body: Any, rid: str, served_model: str) -> GenParams:
         else:
             text, ids = _prompt(body.get("prompt"), None)
             max_raw = body.get("max_tokens")
-        max_new = _int(max_raw, "max_tokens", 16)
+        # protocol.py: completions max_tokens defaults to 16, chat's to None
+        max_new = _int(max_raw, "max_tokens", None if route == "chat" else 16)
         temp = _float(body.get("temperature"), "temperature", 1.0)
         ignore_eos = bool(body.get("ignore_eos", False))
+        return_logprob, logprob_start = False, -1
         opts = body.get("stream_options") or {}
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
-    if max_new < 1:
-        raise BadRequest("max_new_tokens must be at least 1")
     return GenParams(
         route=route,
         rid=rid,
@@ -105,6 +118,10 @@ def parse(route: Route, body: Any, rid: str, served_model: str) -> GenParams:
         stream=bool(body.get("stream", False)),
         include_usage=include_usage,
         model=str(body.get("model") or served_model),
+        text=text,
+        ids=None if ids is None else tuple(ids),
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start,
     )
 
 
@@ -125,11 +142,27 @@ def meta_info(
         "prompt_tokens": p.prompt_tokens,
         "completion_tokens": completion,
         "cached_tokens": 0,
-        "e2e_latency": time.monotonic() - started,
     }
-    if accept is not None:
-        info["spec_accept_length"] = accept
+    if fr is not None:  # only the final chunk carries them
+        info["e2e_latency"] = time.monotonic() - started
+        if accept is not None:
+            info["spec_accept_length"] = accept
     return info
+
+
+def logprob_fields(p: GenParams, out_ids: list[int], out_lps: list[float],
+                   numerics: lm.Numerics) -> dict[str, Any]:
+    """meta_info's logprob fields: lists of (logprob, token_id, None) as tokenizer_manager.py
+    builds them without return_text_in_logprobs; input ones from logprob_start_len on, the
+    first of them None (logprob_result_processor.py prepends it)."""
+    inputs: list[list[Any]] = []
+    if p.ids is not None and 0 <= p.logprob_start_len < len(p.ids):
+        ids = list(p.ids)
+        scored = lm.score(ids, p.logprob_start_len, numerics)
+        inputs = [[lp, t, None] for lp, t in zip(scored, ids[p.logprob_start_len:], strict=True)]
+    outputs = [[lp, t, None] for lp, t in zip(out_lps, out_ids, strict=False)]
+    return {"input_token_logprobs": inputs, "output_token_logprobs": outputs,
+            "output_token_logprobs_length": len(outputs)}
 
 
 def usage(p: GenParams, completion: int) -> dict[str, Any]:
@@ -152,13 +185,12 @@ def _envelope(p: GenParams, obj: str, created: int, choices: list[dict[str, Any]
 
 
 def oai_chunk(
-    p: GenParams, created: int, delta: str, fr: dict[str, Any] | None, first: bool
+    p: GenParams, created: int, delta: str, fr: dict[str, Any] | None, role: bool = False
 ) -> dict[str, Any]:
     reason = _oai_reason(fr)
     if p.route == "chat":
-        d: dict[str, Any] = {"content": delta}
-        if first:
-            d["role"] = "assistant"
+        # serving_chat.py sends {role: assistant, content: ""} as a chunk of its own first
+        d: dict[str, Any] = {"role": "assistant", "content": ""} if role else {"content": delta}
         choice: dict[str, Any] = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
         obj = "chat.completion.chunk"
     else:

@@ -100,6 +100,7 @@ class Engine:
         self.stats = Stats()
         self.totals = Stats()  # never reset, for /metrics
         self.last_gen_throughput = 0.0
+        self.last_output = 0.0
         self._wake = asyncio.Event()
         self._deadline = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -175,6 +176,8 @@ class Engine:
             self.last_gen_throughput = produced * 1000.0 * self.speed / ms
 
     def _emit(self, req: SimRequest, n: int) -> None:
+        # sglang's tokenizer_manager.last_receive_tstamp: what /health looks at
+        self.last_output = time.time()
         req.emitted += n
         req.out.put_nowait(n)
 

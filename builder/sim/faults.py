@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from builder.sim.lm import Numerics
+
 FAULTS = (
     "crash-on-start",
     "never-ready",
@@ -12,6 +14,8 @@ FAULTS = (
     "slow",
     "die-after",
     "stall-stream",
+    "diverge",
+    "drift",
 )
 GARBAGE_KINDS = ("repeat", "empty", "fffd")
 
@@ -22,6 +26,15 @@ class Fault:
     factor: float = 1.0  # slow:FACTOR
     after: int = 0  # die-after:N
     garbage: str = "repeat"  # garbage[:repeat|empty|fffd]
+
+    @property
+    def numerics(self) -> Numerics:
+        """How this server's kernels compute the next-token distribution (builder.sim.lm)."""
+        if self.name == "diverge":
+            return Numerics("diverge", self.after)
+        if self.name == "drift":
+            return Numerics("drift")
+        return Numerics()
 
     @property
     def slow(self) -> float:
@@ -43,9 +56,11 @@ def parse_fault(spec: str | None) -> Fault:
         if factor <= 0:
             raise ValueError("slow needs a factor > 0, e.g. --fault slow:1.5")
         return Fault(name, factor=factor)
-    if name == "die-after":
+    if name in ("die-after", "diverge"):
         if not arg.isdigit():
-            raise ValueError("die-after needs a request count, e.g. --fault die-after:20")
+            what = "a request count, e.g. --fault die-after:20" if name == "die-after" else \
+                "the output token where near ties start to flip, e.g. --fault diverge:8"
+            raise ValueError(f"{name} needs {what}")
         return Fault(name, after=int(arg))
     if name == "garbage":
         kind = arg or "repeat"

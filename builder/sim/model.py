@@ -63,3 +63,35 @@ class Sampler:
                 break
             n += 1
         return min(n, remaining)
+
+
+def expected_steps(profile: SimProfile, tokens: int) -> float:
+    """E[decode steps] to emit `tokens` when a step yields 1 + accepted drafts, capped by what
+    is left (so the last step of a speculative request is partly wasted)."""
+    p, k = profile.accept_p, profile.spec_steps
+    # P(a step yields exactly j tokens), j = 1..k+1
+    yields = [(p ** (j - 1)) * ((1 - p) if j <= k else 1.0) for j in range(1, k + 2)]
+    steps = [0.0] * (tokens + 1)
+    for r in range(1, tokens + 1):
+        steps[r] = 1.0 + sum(q * steps[max(0, r - j)] for j, q in enumerate(yields, start=1))
+    return steps[tokens]
+
+
+def single_stream_tok_s(profile: SimProfile, input_len: int, output_len: int) -> float:
+    """Expected output tok/s of one client sending one request after another (C=1)."""
+    ms = prefill_ms(profile, input_len) + expected_steps(profile, output_len) * step_ms(profile, 1)
+    return output_len * 1000.0 / ms
+
+
+def expected_tpot_ms(profile: SimProfile, concurrency: int, input_len: int, output_len: int,
+                     speed: float = 1.0) -> float:
+    """Mean time per output token after the first, C clients in a closed loop (wall ms).
+
+    A request's decode spans its own steps at batch min(C, cap) plus the prefills of the
+    requests the other C-1 clients start meanwhile (decode pauses for each prefill), at
+    most one each. Requests beyond the cap wait before their first token, not between
+    tokens."""
+    batch = min(concurrency, profile.max_running)
+    decode = expected_steps(profile, output_len) * step_ms(profile, batch)
+    pauses = (batch - 1) * prefill_ms(profile, input_len)
+    return (decode + pauses) / max(output_len - 1, 1) / speed

@@ -20,13 +20,15 @@ from typing import Any
 
 from aiohttp import web
 
-from builder.sim import api, metrics
+from builder.sim import api, lm, metrics
 from builder.sim.engine import Engine, SimRequest
 from builder.sim.faults import Fault
 from builder.sim.profiles import PROFILES, SimProfile
 from builder.sim.text import VOCAB, detokenize, greedy_ids
 
 SGLANG_VERSION = "0.5.23"
+HEALTH_CHECK_TIMEOUT_S = 20  # sglang's SGLANG_HEALTH_CHECK_TIMEOUT default
+CONTEXT_LEN = 262144
 STOP_ID = VOCAB.index(".")
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -63,6 +65,8 @@ class SimServer:
         self.hist = metrics.Metrics()
         self.up = False
         self.generations = 0
+        # rid -> (logprob of each greedy output token, this server's numerics)
+        self._logprobs: dict[str, tuple[list[float], lm.Numerics]] = {}
         self.started_at = time.time()
 
     # ---- app ---------------------------------------------------------------
@@ -77,6 +81,7 @@ class SimServer:
         r.add_get("/model_info", self.model_info)
         r.add_get("/get_model_info", self.model_info)
         r.add_get("/v1/models", self.models)
+        r.add_get("/v1/models/{model:.+}", self.model)
         r.add_get("/metrics", self.metrics)
         r.add_get("/sim/stats", self.sim_stats)
         r.add_post("/sim/stats/reset", self.sim_reset)
@@ -90,15 +95,21 @@ class SimServer:
     async def health(self, request: web.Request) -> web.Response:
         if not self.up:
             return web.Response(status=503)
-        # like sglang: a one-token generation proves the scheduler answers
+        # like sglang (http_server.py health_generate): submit a one-token generation, then
+        # once a second look whether *any* output arrived since; under load the running
+        # batch answers for it, so /health never waits behind a full batch. 20 s, then 503.
         req = SimRequest(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", prompt_tokens=1,
                          token_ids=[1], counted=False)
+        tic = time.time()
         self.engine.submit(req)
         try:
-            await asyncio.wait_for(req.out.get(), timeout=20)
-        except TimeoutError:
+            while time.time() < tic + HEALTH_CHECK_TIMEOUT_S:
+                await asyncio.sleep(1)
+                if self.engine.last_output > tic:
+                    return web.Response(status=200)
             return web.Response(status=503)
-        return web.Response(status=200)
+        finally:
+            req.cancelled = True
 
     async def ready(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.up else 503)
@@ -154,11 +165,22 @@ class SimServer:
             "weight_version": "default",
         })
 
+    def _card(self) -> dict[str, Any]:
+        # protocol.py ModelCard; http_server.py sets root to the served name
+        return {"id": self.opts.model_name, "object": "model", "created": int(time.time()),
+                "owned_by": "sglang", "root": self.opts.model_name, "parent": None,
+                "max_model_len": CONTEXT_LEN}
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{
-            "id": self.opts.model_name, "object": "model", "created": int(self.started_at),
-            "owned_by": "sglang", "root": self.opts.model_path, "max_model_len": 262144,
-        }]})
+        return web.json_response({"object": "list", "data": [self._card()]})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name != self.opts.model_name:
+            return web.json_response({"error": {
+                "message": f"The model '{name}' does not exist", "type": "invalid_request_error",
+                "param": "model", "code": "model_not_found"}}, status=404)
+        return web.json_response(self._card())
 
     async def metrics(self, request: web.Request) -> web.Response:
         e, t = self.engine, self.engine.totals
@@ -203,16 +225,24 @@ class SimServer:
             return "\ufffd" * len(ids)
         return detokenize(ids)
 
+    def _bad(self, route: api.Route, message: str) -> web.Response:
+        if route == "generate":  # http_server.py _create_error_response
+            return web.json_response({"error": {"message": message}}, status=400)
+        return self._error(400, message, "Bad Request")
+
     async def _serve(self, request: web.Request, route: api.Route) -> web.StreamResponse:
+        media = request.headers.get("Content-Type", "").lower().split(";", 1)[0].strip()
+        if route != "generate" and media != "application/json":
+            return self._bad(route, "Unsupported Media Type: Only 'application/json' is allowed")
         try:
             body = await request.json()
             p = api.parse(route, body, uuid.uuid4().hex, self.opts.model_name)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return self._error(400, "request body is not valid JSON", "BadRequestError")
+            return self._bad(route, "request body is not valid JSON")
         except api.BadRequest as err:
-            return self._error(400, str(err), "BadRequestError")
-        if not self.up:
-            return self._error(503, "server is starting up", "ServiceUnavailable")
+            return self._bad(route, str(err))
+        # no warmup check: sglang's /generate serves as soon as the port is open; only
+        # /health and /health_generate answer 503 while the server is Starting
         self.generations += 1
         fault = self.opts.fault
         if fault.name == "die-after" and self.generations > fault.after:
@@ -223,7 +253,17 @@ class SimServer:
         if fault.name == "fail-first-generation" and self.generations == 1:
             return self._error(500, "CUDA error: an illegal memory access was encountered",
                                "InternalServerError")
-        ids = greedy_ids(p.key, p.max_new_tokens, temperature=p.temperature, rid=p.rid)
+        numerics = fault.numerics
+        lps: list[float] = []
+        if p.temperature <= 0:
+            state = lm.start(p.text, None if p.ids is None else list(p.ids))
+            limit = p.max_new_tokens if p.max_new_tokens is not None else \
+                CONTEXT_LEN - p.prompt_tokens
+            ids, lps = lm.greedy(state, limit, numerics,
+                                 stop=None if p.ignore_eos else STOP_ID)
+        else:
+            ids = greedy_ids(p.key, 4096 if p.max_new_tokens is None else p.max_new_tokens,
+                             temperature=p.temperature, rid=p.rid)
         stopped = False
         if fault.name == "garbage" and fault.garbage == "repeat":
             ids = [0] * len(ids)  # what NaN logits look like after argmax
@@ -231,14 +271,26 @@ class SimServer:
             ids = ids[: ids.index(STOP_ID) + 1]
             stopped = True
         req = SimRequest(rid=p.rid, prompt_tokens=p.prompt_tokens, token_ids=ids)
+        if not ids and not p.stream:  # max_new_tokens 0: prefill only, an empty answer
+            return await self._whole(p, req, stopped)
+        self._logprobs[p.rid] = (lps, numerics)
         self.engine.submit(req)
         try:
             if p.stream:
                 return await self._stream(request, p, req, stopped)
             return await self._whole(p, req, stopped)
         finally:
+            self._logprobs.pop(p.rid, None)
             if req.remaining > 0:
                 req.cancelled = True
+
+    def _meta(self, p: api.GenParams, req: SimRequest, n: int, fr: dict[str, Any] | None
+              ) -> dict[str, Any]:
+        meta = api.meta_info(p, n, fr, req.arrived, self._accept(req))
+        if p.return_logprob:
+            lps, numerics = self._logprobs.get(p.rid, ([], lm.Numerics()))
+            meta.update(api.logprob_fields(p, req.token_ids[:n], lps[:n], numerics))
+        return meta
 
     def _accept(self, req: SimRequest) -> float | None:
         return req.spec_accept_length if self.profile.speculative else None
@@ -257,7 +309,7 @@ class SimServer:
         fr = api.finish_reason(True, stopped, n, STOP_ID)
         text = self._text(req.token_ids)
         if p.route == "generate":
-            meta = api.meta_info(p, n, fr, started, self._accept(req))
+            meta = self._meta(p, req, n, fr)
             return web.json_response({"text": text, "output_ids": req.token_ids,
                                       "meta_info": meta})
         return web.json_response(api.oai_full(p, int(time.time()), text, fr, n))
@@ -290,9 +342,11 @@ class SimServer:
                 # sglang's default (non-incremental) stream: cumulative text and ids
                 chunk = {"text": self._text(req.token_ids[:sent]),
                          "output_ids": req.token_ids[:sent],
-                         "meta_info": api.meta_info(p, sent, fr, req.arrived, self._accept(req))}
+                         "meta_info": self._meta(p, req, sent, fr)}
             else:
-                chunk = api.oai_chunk(p, created, self._text(new), fr, first=sent == n)
+                if sent == n and p.route == "chat":
+                    await resp.write(_sse(api.oai_chunk(p, created, "", None, role=True)))
+                chunk = api.oai_chunk(p, created, self._text(new), fr)
             await resp.write(_sse(chunk))
             self.engine.record_emit(req, n)
             if stall_at is not None and sent >= stall_at:
