@@ -19,6 +19,7 @@ from typing import Any
 
 import jinja2
 
+from builder.kinds import control_chars
 from builder.paths import templates_dir
 from builder.spec import Stack
 
@@ -39,8 +40,29 @@ def make_env(directory: Path | None = None) -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["dq"] = dockerfile_quote
-    env.filters["sq"] = shlex.quote
+    env.filters["sq"] = shell_word
+    env.filters["comment"] = one_line
+    env.filters["unit_text"] = unit_text
     return env
+
+
+def one_line(value: object) -> str:
+    """Free text for a comment: control characters shown as escapes, so it cannot end the line."""
+    return "".join(c if not control_chars(c) else ascii(c)[1:-1] for c in str(value))
+
+
+def unit_text(value: object) -> str:
+    """A unit-file value read back literally: one line, `%` specifiers doubled, no trailing backslash."""
+    s = one_line(value).replace("%", "%%")
+    return s + " " if s.endswith("\\") else s
+
+
+def shell_word(value: object) -> str:
+    """One word in a Dockerfile RUN (shell form): quoted for bash; a newline would end the instruction."""
+    s = str(value)
+    if control_chars(s):
+        raise ValueError(f"{s!r}: a control character cannot go into a RUN line (validation lets none through)")
+    return shlex.quote(s)
 
 
 def dockerfile_quote(value: object) -> str:
