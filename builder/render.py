@@ -159,14 +159,15 @@ def image_ref(stack: Stack, content_hash: str, repo: str | None = None) -> str:
 # --- whole files ---------------------------------------------------------------------
 
 
-def render_unit(stack: Stack, *, image: str, port: int, name: str) -> str:
+def render_unit(stack: Stack, *, image: str, port: int, name: str, env_file: str | None = None) -> str:
+    """`env_file`: the secrets file it reads; a side-by-side candidate gets its own copy."""
     return (
         make_env()
         .get_template("server.service.j2")
         .render(
             stack=stack,
             name=name,
-            env_file=f"{ENV_DIR}/{stack.host.service}.env",
+            env_file=env_file or f"{ENV_DIR}/{stack.host.service}.env",
             exec_start=exec_line(docker_run_argv(stack, image=image, port=port, name=name)),
             exec_pre=exec_line([DOCKER, "rm", "--force", name]),
             exec_stop=exec_line([DOCKER, "stop", "--time", "30", name]),

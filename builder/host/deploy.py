@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from builder.errors import EXIT_INFRA, StackbuildError
 from builder.gate.profile import GateProfile
 from builder.gate.result import GateResult
-from builder.host import converge, units
+from builder.host import converge, secrets, units
 from builder.host.crash import classify
 from builder.host.decide import incumbent_result, verdict_of
 from builder.host.preflight import PreflightFailed, run_preflight
@@ -140,19 +140,17 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
         unit = paths.candidate_unit if sbs else paths.main_unit
         name = unit.removesuffix(".service")
         with rep.step("stage unit") as st:
-            text = svc.render_unit(stack, image=req.image, port=port, name=name)
+            env = {"env_file": secrets.candidate_env_file(paths.service)} if sbs else {}
+            text = svc.render_unit(stack, image=req.image, port=port, name=name, **env)
             staged = units.stage_and_verify(remote, paths.staging_dir, unit, text)
             st.detail = f"{unit} verified"
-            if stack.runtime.secrets:
-                unset = converge.write_secrets(remote, stack, req.secrets)
-                if unset:
-                    st.detail += f"; secrets not set here, the server gets none: {', '.join(unset)}"
     except ConnectionLost:
         raise
     except StackbuildError as err:
         rep.finish("refused", str(err), getattr(err, "exit_code", EXIT_INFRA))
         return
     if remote.dry_run:
+        _stage_secrets(remote, req, paths, rep, operator=not sbs)
         _dry_plan(remote, req, svc, paths, unit, staged, rep)
         return
 
@@ -169,6 +167,7 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
     conv = _conv(req, svc, rep)
 
     try:
+        _stage_secrets(remote, req, paths, rep, operator=not sbs)
         _run_candidate(
             remote,
             req,
@@ -254,6 +253,8 @@ def _run_candidate(
             main_text = svc.render_unit(stack, image=req.image, port=stack.runtime.port, name=paths.service)
             main_staged = units.stage_and_verify(remote, paths.staging_dir, paths.main_unit, main_text)
             units.remove(remote, paths.candidate_unit, paths.unit_path(paths.candidate_unit))
+            if stack.runtime.secrets:
+                secrets.stage(remote, paths, stack.runtime.secrets, req.secrets, target=secrets.env_file(paths.service))
             if incumbent_active:
                 conv.outage_begin()
             units.stop(remote, paths.main_unit)
@@ -298,10 +299,25 @@ def _run_candidate(
         remote.run(["mkdir", "-p", f"{paths.base}/results"], what="create results dir")
         remote.put_text(result.model_dump_json(), paths.result_file(release.key))
         write_state(remote, paths, new_state)
+        secrets.commit(remote, paths)
         st.detail = "host state committed"
         if svc.promote_channel and stack.host.channel:
             st.detail += f"; channel {svc.promote_channel(req.image)}"
     rep.finish("promoted")
+
+
+def _stage_secrets(remote: Remote, req: DeployRequest, paths: HostPaths, rep: DeployReport, *, operator: bool) -> None:
+    """Merge the given secret values: into the operator's file (kept for a restore) or the candidate's copy."""
+    wanted = req.stack.runtime.secrets
+    if not wanted:
+        return
+    target = secrets.env_file(paths.service) if operator else secrets.candidate_env_file(paths.service)
+    with rep.step("secrets") as st:
+        missing = secrets.stage(remote, paths, wanted, req.secrets, target=target)
+        given = [n for n in wanted if req.secrets.get(n)]
+        st.detail = f"{target}: " + (f"set {', '.join(given)}" if given else "unchanged (no values given)")
+        if missing:
+            st.detail += f"; neither given nor on the host, the server gets none: {', '.join(missing)}"
 
 
 def _readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport) -> Readiness:
