@@ -124,6 +124,7 @@ def deploy_cmd(
     from builder.spec import load_stack
 
     stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"), variant=variant)
+    _validate_fully(stack)
     args = DeployArgs(
         stack=stack,
         host_text=host_text or stack.host.address or "",
@@ -222,6 +223,19 @@ def rollback_cmd(
     finally:
         remote.close()
     click.echo(rep.render())
+
+
+def _validate_fully(stack: Any) -> None:
+    """`validate`'s checks (rules, server flags, patches) before anything is built or touched."""
+    from builder.check import check_stack
+    from builder.errors import SpecError
+
+    findings = check_stack(stack)
+    for f in findings:
+        if f.severity != "error":
+            click.echo(str(f), err=True)
+    if errors := [f for f in findings if f.severity == "error"]:
+        raise SpecError(errors)
 
 
 def _need_host(host_text: str | None) -> str:

@@ -155,8 +155,15 @@ def run_deploy(
 ) -> int:
     address = parse_host(args.host_text)
     profile = gate_profile(args.stack, args.profile_name)
-    image, digest = resolve_image(args, echo)
+    check_local_outputs(args)
+    # the connection and the host key first: a build can take hours, a refused key seconds
     real = connect(address, args.ssh)
+    if not args.image and not args.dry_run:
+        real.close()  # an hours-long build would outlive an idle connection
+        image, digest = resolve_image(args, echo)
+        real = connect(address, args.ssh)
+    else:
+        image, digest = resolve_image(args, echo)
     remote: Any = DryRunRemote(str(address), reader=real, echo=echo) if args.dry_run else real
     endpoint = Endpoint(remote, address, args.tunnel)
     svc = _services(args, endpoint, echo)
@@ -179,12 +186,27 @@ def run_deploy(
         _record(args, rep, profile, digest, echo)
     echo(rep.render())
     if args.json_out:
-        args.json_out.write_text(rep.to_json())
+        try:
+            args.json_out.write_text(rep.to_json())
+        except OSError as err:  # checked writable before the host; gone since
+            echo(f"stackbuild: deploy report not written to {args.json_out} ({err.strerror})")
     if rep.exit_code and rep.cause:
         echo(f"stackbuild: deploy {rep.outcome}: {rep.cause.splitlines()[0]}")
     if reports is not None:
         reports.append(rep)
     return rep.exit_code
+
+
+def check_local_outputs(args: DeployArgs) -> None:
+    """Every file the deploy will write, opened now: after the host changed is too late."""
+    from builder.outputs import check_ledger, check_writable
+
+    if args.json_out:
+        check_writable(args.json_out, "--json")
+    if not args.dry_run:
+        from builder.ledger import default_ledger_path
+
+        check_ledger(args.ledger or default_ledger_path(args.root or Path.cwd()))
 
 
 def _recover_once(
