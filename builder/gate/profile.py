@@ -131,5 +131,8 @@ BUILTIN_PROFILES: dict[str, GateProfile] = {
         runs=10,
         max_runs=15,
         timeout_s=1800.0,
+        stall_timeout_s=120.0,
+        # derived from the timeouts it would be 45 h; a deploy holds the host lock this long at most
+        deadline_s=4 * 3600.0,
     ),
 }

@@ -71,6 +71,7 @@ class Services:
     # way are not a baseline for the other (the tunnel costs throughput)
     access: str = "direct"
     echo: Callable[[str], None] = print
+    progress: Callable[[str], None] | None = None  # each step as it starts and ends
 
 
 def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
@@ -82,8 +83,9 @@ def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
         stack=stack.label,
         image=req.image,
         strategy=req.strategy,
+        live=svc.progress,
     )
-    lock = HostLock(remote, paths, me(f"deploy {stack.label}"), req.lock_ttl_s)
+    lock = HostLock(remote, paths, me(f"deploy {stack.label}", hold_bound_s(req)), req.lock_ttl_s)
     try:
         with rep.step("lock") as st:
             lock.__enter__()
@@ -109,6 +111,17 @@ def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
                 rep.needs_recovery = True
                 rep.finish("failed", str(err), EXIT_INFRA)
     return rep
+
+
+def hold_bound_s(req: DeployRequest) -> float:
+    """How long this deploy can hold the host lock, each step at its own timeout.
+
+    pull, then start + ready up to three times (candidate, the side-by-side switch, a restore),
+    the incumbent's baseline and the candidate's gate (each within the gate's deadline), and a
+    margin for the SSH steps between them.
+    """
+    rt = req.stack.runtime
+    return req.pull_timeout_s + 3 * (rt.start_timeout_s + rt.ready_timeout_s) + 2 * req.profile.gate_deadline_s() + 600
 
 
 def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths, rep: DeployReport) -> None:
