@@ -13,6 +13,7 @@ preflight, lock held), with nothing changed unless the report says so.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ from builder.host.state import (
     write_state,
 )
 from builder.spec import Stack
+
+CHANNEL_TRIES = 3
+CHANNEL_BACKOFF_S = 2.0
 
 GateFn = Callable[[str, GateProfile, str, GateResult | None], GateResult]
 
@@ -72,6 +76,7 @@ class Services:
     access: str = "direct"
     echo: Callable[[str], None] = print
     progress: Callable[[str], None] | None = None  # each step as it starts and ends
+    sleep: Callable[[float], None] = time.sleep
 
 
 def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
@@ -314,9 +319,36 @@ def _run_candidate(
         write_state(remote, paths, new_state)
         secrets.commit(remote, paths)
         st.detail = "host state committed"
-        if svc.promote_channel and stack.host.channel:
-            st.detail += f"; channel {svc.promote_channel(req.image)}"
+    # Committed on the host: from here nothing undoes the promotion. A channel that will not
+    # move is reported stale (exit 4), never rolled back.
+    if svc.promote_channel and stack.host.channel:
+        stale = _move_channel(svc, req.image, stack.host.channel, rep)
+        if stale:
+            rep.finish("promoted", stale, EXIT_INFRA)
+            return
     rep.finish("promoted")
+
+
+def _move_channel(svc: Services, image: str, channel: str, rep: DeployReport) -> str | None:
+    """Move the channel tag with retries; None when moved, else the sentence saying what to do."""
+    assert svc.promote_channel is not None
+    err: Exception | None = None
+    with rep.step("channel") as st:
+        for attempt in range(CHANNEL_TRIES):
+            try:
+                st.detail = svc.promote_channel(image)
+                return None
+            except StackbuildError as e:
+                err = e
+                if attempt + 1 < CHANNEL_TRIES:
+                    svc.sleep(CHANNEL_BACKOFF_S * 2**attempt)
+        st.detail = f"not moved after {CHANNEL_TRIES} tries: {str(err).splitlines()[0][:200]}"
+    rep.steps[-1].ok = False
+    return (
+        f"promoted and committed on the host, but the channel {channel!r} is stale (registry: "
+        f"{str(err).splitlines()[0][:200]}); move it when the registry is back: "
+        f"stackbuild promote {image} --channel {channel}"
+    )
 
 
 def _stage_secrets(remote: Remote, req: DeployRequest, paths: HostPaths, rep: DeployReport, *, operator: bool) -> None:
