@@ -197,11 +197,25 @@ def _problem(pos: Pos, message: str, rule: str, severity: str = "error") -> Find
     return Finding(pos.file, pos.line, pos.col, severity, message, rule)
 
 
+MAX_SPEC_BYTES = 1 << 20  # a stack spec is a page of YAML; refuse before parsing a huge file
+
+
 def _read(ref: StackRef) -> Located:
     try:
-        text = ref.path.read_text(encoding="utf-8")
+        with ref.path.open("rb") as fh:
+            blob = fh.read(MAX_SPEC_BYTES + 1)
     except OSError as err:
         raise SpecError([_problem(Pos(ref.display, 1, 1), f"cannot read stack file: {err.strerror}", "file")]) from err
+    if len(blob) > MAX_SPEC_BYTES:
+        msg = f"stack file is larger than {MAX_SPEC_BYTES >> 20} MiB; a spec is a page of YAML"
+        raise SpecError([_problem(Pos(ref.display, 1, 1), msg, "file")])
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as err:
+        before = blob[: err.start].decode("utf-8", "replace")
+        line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        msg = f"byte 0x{blob[err.start]:02x} is not UTF-8; save the file as UTF-8"
+        raise SpecError([_problem(Pos(ref.display, line, col), msg, "file")]) from None
     try:
         loc = load_located(text, ref.display)
     except YamlProblem as p:
