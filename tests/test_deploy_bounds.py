@@ -47,3 +47,13 @@ def test_report_tells_each_step_as_it_starts_and_ends() -> None:
         st.detail = "pulled"
     assert told == ["pull ...", "pull ok (0.0s) pulled"]
     assert '"live"' not in rep.to_json()
+
+
+def test_switch_is_one_oneshot_unit_the_host_finishes() -> None:
+    from builder.host.units import switch_unit_text
+
+    assert switch_unit_text("/st/switch.sh", ["s-candidate.service", "/u/s.service", "a b%"]) == (
+        "# Written by stackbuild: the side-by-side switch, finished by systemd even if the client dies.\n"
+        "[Unit]\nDescription=stackbuild switch\n\n"
+        '[Service]\nType=oneshot\nExecStart=/bin/sh /st/switch.sh s-candidate.service /u/s.service "a b%%"\n'
+    )

@@ -270,14 +270,13 @@ def _run_candidate(
         with rep.step("switch") as st:
             main_text = svc.render_unit(stack, image=req.image, port=stack.runtime.port, name=paths.service)
             main_staged = units.stage_and_verify(remote, paths.staging_dir, paths.main_unit, main_text)
-            units.remove(remote, paths.candidate_unit, paths.unit_path(paths.candidate_unit))
             if stack.runtime.secrets:
                 secrets.stage(remote, paths, stack.runtime.secrets, req.secrets, target=secrets.env_file(paths.service))
             if incumbent_active:
                 conv.outage_begin()
-            units.stop(remote, paths.main_unit)
-            units.install(remote, main_staged, paths.unit_path(paths.main_unit))
-            units.start(remote, paths.main_unit)
+            args = [paths.candidate_unit, paths.unit_path(paths.candidate_unit), paths.main_unit, main_staged]
+            args.append(paths.unit_path(paths.main_unit))
+            units.switch(remote, paths.staging_dir, paths.unit_dir, paths.service, args)
             text = main_text
             st.detail = f"{paths.main_unit} now runs the candidate on {stack.runtime.port}"
         ready = _readiness(remote, svc, paths.main_unit, stack.runtime.port, stack, rep)
