@@ -20,6 +20,7 @@ from typing import Any
 
 import jinja2
 
+from builder.kinds import control_chars
 from builder.lock import render_ctx as lockctx
 from builder.paths import templates_dir
 from builder.spec import Stack
@@ -41,8 +42,29 @@ def make_env(directory: Path | None = None) -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["dq"] = dockerfile_quote
-    env.filters["sq"] = shlex.quote
+    env.filters["sq"] = shell_word
+    env.filters["comment"] = one_line
+    env.filters["unit_text"] = unit_text
     return env
+
+
+def one_line(value: object) -> str:
+    """Free text for a comment: control characters shown as escapes, so it cannot end the line."""
+    return "".join(c if not control_chars(c) else ascii(c)[1:-1] for c in str(value))
+
+
+def unit_text(value: object) -> str:
+    """A unit-file value read back literally: one line, `%` specifiers doubled, no trailing backslash."""
+    s = one_line(value).replace("%", "%%")
+    return s + " " if s.endswith("\\") else s
+
+
+def shell_word(value: object) -> str:
+    """One word in a Dockerfile RUN (shell form): quoted for bash; a newline would end the instruction."""
+    s = str(value)
+    if control_chars(s):
+        raise ValueError(f"{s!r}: a control character cannot go into a RUN line (validation lets none through)")
+    return shlex.quote(s)
 
 
 def dockerfile_quote(value: object) -> str:
@@ -139,14 +161,15 @@ def image_ref(stack: Stack, content_hash: str, repo: str | None = None) -> str:
 # --- whole files ---------------------------------------------------------------------
 
 
-def render_unit(stack: Stack, *, image: str, port: int, name: str) -> str:
+def render_unit(stack: Stack, *, image: str, port: int, name: str, env_file: str | None = None) -> str:
+    """`env_file`: the secrets file it reads; a side-by-side candidate gets its own copy."""
     return (
         make_env()
         .get_template("server.service.j2")
         .render(
             stack=stack,
             name=name,
-            env_file=f"{ENV_DIR}/{stack.host.service}.env",
+            env_file=env_file or f"{ENV_DIR}/{stack.host.service}.env",
             exec_start=exec_line(docker_run_argv(stack, image=image, port=port, name=name)),
             exec_pre=exec_line([DOCKER, "rm", "--force", name]),
             exec_stop=exec_line([DOCKER, "stop", "--time", "30", name]),

@@ -17,6 +17,25 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from builder.errors import Finding, SpecError
 from builder.fleet.model import Fleet, FleetHost
 from builder.gate.profile import GateProfile
+from builder.kinds import (
+    LONG_FLAG as _LONG_FLAG,
+)
+from builder.kinds import (
+    AbsPath,
+    AptPackage,
+    CudaVersion,
+    EnvName,
+    GitRef,
+    Ident,
+    ImageRef,
+    PyVersion,
+    Registry,
+    Size,
+    Text,
+    Url,
+    Version,
+    control_chars,
+)
 from builder.paths import StackRef, find_stack, stack_dirs
 from builder.yamlpos import Located, Pos, YamlProblem, load_located
 
@@ -28,18 +47,18 @@ class _Model(BaseModel):
 
 
 class SourceBuild(_Model):
-    repo: str
-    ref: str
-    env: dict[str, str] = Field(default_factory=dict)
+    repo: Url
+    ref: GitRef
+    env: dict[EnvName, str] = Field(default_factory=dict)
     # CMake cache variables (-D NAME=VALUE), passed as pip --config-settings=cmake.define.NAME=VALUE
-    cmake: dict[str, str] = Field(default_factory=dict)
+    cmake: dict[EnvName, str] = Field(default_factory=dict)
 
 
 class Component(_Model):
     """A pinned wheel (version + index) or a source build (repo, ref, env)."""
 
-    version: str
-    index: str | None = None
+    version: Version
+    index: Url | None = None
     source: SourceBuild | None = None
 
     @property
@@ -69,10 +88,10 @@ class Patch(_Model):
 
 class Server(_Model):
     engine: Literal["sglang", "sim"] = "sglang"
-    model_path: str
-    served_model_name: str | None = None
+    model_path: Text
+    served_model_name: Text | None = None
     flags: dict[str, FlagValue] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, str] = Field(default_factory=dict)
 
     @field_validator("flags")
     @classmethod
@@ -80,6 +99,8 @@ class Server(_Model):
         for k in v:
             if not k.startswith("--"):
                 raise ValueError(f"flag '{k}' must be spelled as a long option, e.g. '--{k.lstrip('-')}'")
+            if not _LONG_FLAG.fullmatch(k):
+                raise ValueError(f"flag {k!r} is not a long option of letters, digits, - and _")
         return v
 
     def flag(self, name: str) -> FlagValue:
@@ -89,13 +110,13 @@ class Server(_Model):
 class Runtime(_Model):
     gpus: Literal["all", "none"] | int = "all"
     tp: int = 1
-    shm_size: str = "32g"
+    shm_size: Size = "32g"
     ipc: Literal["host", "private", "shareable"] = "host"
-    ulimits: dict[str, str | int] = Field(default_factory=lambda: dict[str, str | int](memlock=-1, stack=67108864))
+    ulimits: dict[Ident, str | int] = Field(default_factory=lambda: dict[str, str | int](memlock=-1, stack=67108864))
     port: int = Field(30000, ge=1, le=65535)
     staging_port: int = Field(30001, ge=1, le=65535)
     volumes: tuple[str, ...] = ()
-    secrets: tuple[str, ...] = ()  # names only; values live in the host's EnvironmentFile
+    secrets: tuple[EnvName, ...] = ()  # names only; values live in the host's EnvironmentFile
     start_timeout_s: int = Field(1800, ge=1)
     ready_timeout_s: int = Field(1800, ge=1)
     restart: Literal["no", "on-failure", "always"] = "on-failure"
@@ -108,8 +129,8 @@ class Runtime(_Model):
 class Build(_Model):
     max_jobs: int | None = None
     nvcc_threads: int | None = None
-    secrets: tuple[str, ...] = ()  # BuildKit secret ids, mounted only on fetch steps
-    apt: tuple[str, ...] = ()
+    secrets: tuple[EnvName, ...] = ()  # BuildKit secret ids, mounted only on fetch steps
+    apt: tuple[AptPackage, ...] = ()
 
 
 class LockSpec(_Model):
@@ -128,11 +149,11 @@ class GateSpec(_Model):
 
 class Host(_Model):
     address: str | None = None
-    service: str = "sglang"
+    service: Ident = "sglang"
     strategy: Literal["swap", "side-by-side"] = "swap"
-    registry: str | None = None  # HOST:PORT/REPO
-    channel: str | None = None
-    state_dir: str = "/var/lib/stackbuild"
+    registry: Registry | None = None  # HOST:PORT/REPO
+    channel: Ident | None = None
+    state_dir: AbsPath = "/var/lib/stackbuild"
     driver: str | None = None  # known driver version, checked against the CUDA floor
     hosts: tuple[FleetHost, ...] = ()  # a fleet (deploy --fleet); per-host overrides
     inventory: str | None = None  # or a YAML file of hosts, relative to the stack root
@@ -140,15 +161,15 @@ class Host(_Model):
 
 
 class Stack(_Model):
-    name: str
-    variant: str | None = None
+    name: Ident
+    variant: Ident | None = None
     source: Path
     root: Path
-    description: str = ""
-    base_image: str
-    cuda: str | None
-    arches: tuple[str, ...] = ()
-    python: str = "3.12"
+    description: Text = ""
+    base_image: ImageRef
+    cuda: CudaVersion | None
+    arches: tuple[Ident, ...] = ()
+    python: PyVersion = "3.12"
     components: Components = Field(default_factory=Components)
     patches: tuple[Patch, ...] = ()
     server: Server
@@ -192,11 +213,25 @@ def _problem(pos: Pos, message: str, rule: str, severity: str = "error") -> Find
     return Finding(pos.file, pos.line, pos.col, severity, message, rule)
 
 
+MAX_SPEC_BYTES = 1 << 20  # a stack spec is a page of YAML; refuse before parsing a huge file
+
+
 def _read(ref: StackRef) -> Located:
     try:
-        text = ref.path.read_text(encoding="utf-8")
+        with ref.path.open("rb") as fh:
+            blob = fh.read(MAX_SPEC_BYTES + 1)
     except OSError as err:
         raise SpecError([_problem(Pos(ref.display, 1, 1), f"cannot read stack file: {err.strerror}", "file")]) from err
+    if len(blob) > MAX_SPEC_BYTES:
+        msg = f"stack file is larger than {MAX_SPEC_BYTES >> 20} MiB; a spec is a page of YAML"
+        raise SpecError([_problem(Pos(ref.display, 1, 1), msg, "file")])
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as err:
+        before = blob[: err.start].decode("utf-8", "replace")
+        line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        msg = f"byte 0x{blob[err.start]:02x} is not UTF-8; save the file as UTF-8"
+        raise SpecError([_problem(Pos(ref.display, line, col), msg, "file")]) from None
     try:
         loc = load_located(text, ref.display)
     except YamlProblem as p:
@@ -317,6 +352,15 @@ def _load_patches(data: dict[str, Any], loc: Located, root: Path) -> tuple[list[
             problems.append(_problem(loc.pos(("patches", i)), "patch entries are file paths (strings)", "type"))
             continue
         path = (root / "stacks" / item) if not Path(item).is_absolute() else Path(item)
+        if not path.resolve().is_relative_to((root / "stacks" / "patches").resolve()):
+            problems.append(
+                _problem(
+                    loc.pos(("patches", i)),
+                    f"patch '{item}' is outside {root / 'stacks' / 'patches'}; keep patches there",
+                    "kind",
+                )
+            )
+            continue
         try:
             blob = path.read_bytes()
         except OSError:
@@ -330,6 +374,24 @@ def _load_patches(data: dict[str, Any], loc: Located, root: Path) -> tuple[list[
             continue
         out.append(Patch(path=path, sha256=hashlib.sha256(blob).hexdigest(), text=blob.decode("utf-8", "replace")))
     return out, problems
+
+
+def _control_char_findings(value: Any, loc: Located, path: tuple[Any, ...] = ()) -> list[Finding]:
+    """Every string (key or value) holding a control character, located: no spec value spans lines."""
+    out: list[Finding] = []
+    if isinstance(value, str):
+        if bad := control_chars(value):
+            msg = f"{'.'.join(map(str, path)) or 'value'}: control character(s) {''.join(bad)!r} not allowed"
+            out.append(_problem(loc.pos(path), msg + "; keep the value on one line of printable text", "kind"))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and control_chars(k):
+                out.append(_problem(loc.keys.get((*path, k), loc.pos(path)), f"key {k!r}: control characters", "kind"))
+            out += _control_char_findings(v, loc, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _control_char_findings(v, loc, (*path, i))
+    return out
 
 
 def _did_you_mean(word: str, choices: list[str]) -> str:
@@ -429,10 +491,12 @@ def load_stack(name_or_path: str | Path, *, root: Path | None = None, variant: s
         patches=patches,
         variants=tuple(variants) if isinstance(variants, dict) else (),
     )
+    problems += (control := _control_char_findings(fields, loc))
     try:
         stack = Stack.model_validate(fields)
     except ValidationError as err:
-        problems += _validation_findings(err, loc)
+        seen = {(f.line, f.col) for f in control}
+        problems += [f for f in _validation_findings(err, loc) if (f.line, f.col) not in seen]
     if problems:
         raise SpecError(sorted(problems, key=lambda f: (f.path, f.line, f.col)))
     stack._located = loc

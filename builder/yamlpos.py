@@ -13,6 +13,11 @@ import yaml
 
 Path_ = tuple[str | int, ...]
 
+# Bounds on what one spec may cost: a stack spec is a page of YAML, so these are far above
+# any real one and far below what aliases ("billion laughs") or deep nesting could ask for.
+MAX_NODES = 20_000
+MAX_DEPTH = 50
+
 
 @dataclass(frozen=True)
 class Pos:
@@ -78,15 +83,25 @@ def load_located(text: str, file: str) -> Located:
         ) from err
     except yaml.YAMLError as err:
         raise YamlProblem(Pos(file, 1, 1), f"YAML: {' '.join(str(err).split())}", "yaml-syntax") from err
+    except RecursionError:
+        raise YamlProblem(Pos(file, 1, 1), f"YAML nested deeper than {MAX_DEPTH} levels; flatten it",
+                          "yaml-limit") from None
     out = Located(data=None, file=file)
     if node is None:
         out.data = {}
         return out
-    out.data = _walk(node, (), out, loader)
+    out.data = _walk(node, (), out, loader, [0])
     return out
 
 
-def _walk(node: yaml.Node, path: Path_, out: Located, loader: _Constructor) -> Any:
+def _walk(node: yaml.Node, path: Path_, out: Located, loader: _Constructor, count: list[int]) -> Any:
+    count[0] += 1
+    if count[0] > MAX_NODES:
+        raise YamlProblem(_pos(out.file, node), f"YAML expands to more than {MAX_NODES} values (aliases "
+                          "repeating aliases?); write the values out", "yaml-limit")
+    if len(path) > MAX_DEPTH:
+        raise YamlProblem(_pos(out.file, node), f"YAML nested deeper than {MAX_DEPTH} levels; flatten it",
+                          "yaml-limit")
     out.values[path] = _pos(out.file, node)
     if isinstance(node, yaml.MappingNode):
         try:
@@ -108,10 +123,10 @@ def _walk(node: yaml.Node, path: Path_, out: Located, loader: _Constructor) -> A
                     "duplicate-key",
                 )
             out.keys[(*path, skey)] = _pos(out.file, key_node)
-            result[skey] = _walk(value_node, (*path, skey), out, loader)
+            result[skey] = _walk(value_node, (*path, skey), out, loader, count)
         return result
     if isinstance(node, yaml.SequenceNode):
-        return [_walk(child, (*path, i), out, loader) for i, child in enumerate(node.value)]
+        return [_walk(child, (*path, i), out, loader, count) for i, child in enumerate(node.value)]
     return _scalar(node, out, loader)
 
 

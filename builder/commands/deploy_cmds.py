@@ -152,6 +152,7 @@ def deploy_cmd(
     from builder.spec import load_stack
 
     stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"), variant=variant)
+    _validate_fully(stack)
     if fleet or hosts_csv or inventory:
         from builder.fleet.runner import FleetArgs, run_fleet
 
@@ -310,6 +311,19 @@ def _fleet_status(ctx: click.Context, stack_name: str, ssh: Any, hosts_csv: str 
     click.echo(render(rows, last))
     if any(r.error for r in rows):
         _exit(4)
+
+
+def _validate_fully(stack: Any) -> None:
+    """`validate`'s checks (rules, server flags, patches) before anything is built or touched."""
+    from builder.check import check_stack
+    from builder.errors import SpecError
+
+    findings = check_stack(stack)
+    for f in findings:
+        if f.severity != "error":
+            click.echo(str(f), err=True)
+    if errors := [f for f in findings if f.severity == "error"]:
+        raise SpecError(errors)
 
 
 def _need_host(host_text: str | None) -> str:

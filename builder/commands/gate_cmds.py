@@ -213,6 +213,10 @@ def _record(ledger: Path, result: Any) -> None:
 @click.option("--model", help="model name sent in requests")
 @click.option("--seed", type=int)
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), help="per request, s")
+@click.option("--stall-timeout", "stall_timeout_s", type=click.FloatRange(min=0.1),
+              help="a request with no byte for this long fails as stalled, s")
+@click.option("--deadline", "deadline_s", type=click.FloatRange(min=0.1),
+              help="the whole gate's bound, s (default: derived from the workload's timeouts)")
 @click.option("--ready-timeout", "ready_timeout_s", type=click.FloatRange(min=0.1),
               help="seconds the server may take to serve before measuring (exit 4 after)")
 @click.option("--min-tok-s-c1", type=float)
@@ -234,7 +238,11 @@ def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseli
     from builder.errors import GateFailed, GateInconclusive
     from builder.gate.report import markdown_summary, read_json, write_json, write_junit
     from builder.gate.runner import run_gate
+    from builder.outputs import check_writable
 
+    for path, flag in ((json_out, "--json"), (junit_out, "--junit")):
+        if path:
+            check_writable(path, flag)  # before minutes of measuring, not after
     profile = _resolve_profile(ctx, stack, profile_name)
     try:
         profile = profile.with_overrides(

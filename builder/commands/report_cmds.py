@@ -27,6 +27,10 @@ def report_cmd(ctx: click.Context, ledger: Path | None, out: Path | None, as_jso
     if not path.is_file():
         raise InputError(f"{path}: no ledger yet; run `stackbuild gate --ledger {path}` or a deploy first, "
                          "or pass --ledger")
+    if out is not None:
+        from builder.outputs import check_writable
+
+        check_writable(out, "--out")
     with Ledger(path) as db:
         if as_json:
             click.echo(json.dumps(build_report(db.gate_runs(), db.deploys(), db.builds()).to_json(), indent=2))

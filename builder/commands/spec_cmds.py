@@ -177,7 +177,11 @@ def render_cmd(
         else:
             click.echo(f"up to date: {', '.join(str(dest / r) for r in files)}")
         return
-    write_atomically(dest, files)
+    try:
+        write_atomically(dest, files)
+    except OSError as err:  # nothing half-written: write_atomically renames only when all are staged
+        raise InputError(f"--out {dest}: cannot write {err.filename or dest} ({err.strerror}); "
+                         "pass a writable directory") from None
     for rel in files:
         click.echo(f"wrote {dest / rel}")
     click.echo(f"content hash {rendered.hash12}")

@@ -101,7 +101,8 @@ async def _read_stream(
     """Read one SSE response into rec; True when `data: [DONE]` arrived."""
     done = False
     async with session.post(url, json=body,
-                            timeout=aiohttp.ClientTimeout(total=wl.timeout_s)) as resp:
+                            timeout=aiohttp.ClientTimeout(total=wl.timeout_s,
+                                                          sock_read=wl.stall_timeout_s)) as resp:
         if resp.status != 200:
             rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
             return False
@@ -134,7 +135,10 @@ async def stream_request(
     try:
         done = await _read_stream(session, url + path, body, wl, rec)
     except TimeoutError:
-        rec.error = f"timeout after {wl.timeout_s:g}s"
+        # sock_read fires when no byte came for stall_timeout_s; total when the request ran out
+        stalled = time.perf_counter() - rec.start < wl.timeout_s - 0.05
+        rec.error = (f"stalled: no byte for {wl.stall_timeout_s:g}s" if stalled
+                     else f"timeout after {wl.timeout_s:g}s")
     except (aiohttp.ClientError, json.JSONDecodeError, OSError) as err:
         rec.error = f"{type(err).__name__}: {err}"[:200]
     rec.end = time.perf_counter()

@@ -60,6 +60,10 @@ class GateProfile(BaseModel):
     requests_per_slot: int = Field(default=1, ge=1)
     min_requests: int = Field(default=0, ge=0)
     timeout_s: float = Field(default=120.0, gt=0)
+    # a streamed request with no byte for this long fails as stalled
+    stall_timeout_s: float = Field(default=30.0, gt=0)
+    # the whole gate ends by then (levels not finished fail with the cause); None: derived
+    deadline_s: float | None = Field(default=None, gt=0)
     # before measuring: port open, /health 200 and one generation within this long
     ready_timeout_s: float = Field(default=10.0, gt=0)
     # relative slack: pass when the CI lower bound of candidate/incumbent >= 1 - tolerance
@@ -135,7 +139,26 @@ class GateProfile(BaseModel):
             requests_per_slot=self.requests_per_slot,
             min_requests=self.min_requests,
             timeout_s=self.timeout_s,
+            stall_timeout_s=min(self.stall_timeout_s, self.timeout_s),
         )
+
+    def gate_deadline_s(self) -> float:
+        """The whole gate's bound: `deadline_s`, else the worst case the workload's own timeouts allow.
+
+        Worst case: every run of every level at max_runs, on both sides (incumbent and candidate),
+        each round of requests taking the full per-request timeout; plus warmup and the probe.
+        A stalled server fails each request after `stall_timeout_s`, long before this.
+        """
+        if self.deadline_s is not None:
+            return self.deadline_s
+        per = self.timeout_s
+        rounds = sum(
+            -(-max(c * self.requests_per_slot, self.min_requests) // c) for c in self.concurrency
+        )
+        levels = max(self.max_runs, self.runs) * 2 * rounds * per
+        warm = 2 * -(-self.warmup // max(1, min(max(self.concurrency), self.warmup or 1))) * per
+        probe = 2 * len(self.probe_prompts) * per + 2 * self.ready_timeout_s
+        return levels + warm + probe
 
     def with_overrides(self, **fields: Any) -> GateProfile:
         """A copy with the given fields replaced (None means: keep), validated again."""
@@ -158,6 +181,7 @@ BUILTIN_PROFILES: dict[str, GateProfile] = {
         runs=3,
         max_runs=6,
         timeout_s=60.0,
+        stall_timeout_s=10.0,
     ),
     # The users' hand procedure (seeds/000, seeds/004): 10 runs of 2048 tokens after
     # warmup, sweep at C=1, 30, 250.
@@ -170,5 +194,8 @@ BUILTIN_PROFILES: dict[str, GateProfile] = {
         runs=10,
         max_runs=15,
         timeout_s=1800.0,
+        stall_timeout_s=120.0,
+        # derived from the timeouts it would be 45 h; a deploy holds the host lock this long at most
+        deadline_s=4 * 3600.0,
     ),
 }

@@ -98,7 +98,7 @@ def markdown_summary(result: GateResult) -> str:
             "| ITL p50 ms | failed | verdict |",
             "|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for lv in result.levels:
-        itl = sorted(r.itl_ms.p50 for r in lv.runs)[len(lv.runs) // 2]
+        itl = sorted(r.itl_ms.p50 for r in lv.runs)[len(lv.runs) // 2] if lv.runs else 0.0  # deadline: none
         ci = f"[{lv.ci_low:.3f}, {lv.ci_high:.3f}]" if lv.ci_low is not None else ""
         rows.append(f"| {lv.concurrency} | {len(lv.runs)} | {lv.median_output_tok_s:.1f} | "
                     f"{_f(lv.baseline_median_output_tok_s)} | {_f(lv.ratio, '.3f')} | {ci} | "

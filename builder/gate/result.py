@@ -38,6 +38,8 @@ class Workload(_Frozen):
     # requests per run at concurrency C: max(C * requests_per_slot, min_requests)
     requests_per_slot: int = 1
     timeout_s: float = 120.0
+    # no byte for this long ends a request as stalled (not fingerprinted: it bounds, not measures)
+    stall_timeout_s: float = 30.0
     # Added by the gate: at low C, more requests per run narrow the run-to-run spread
     # (speculative acceptance is noisy on short runs). Not fingerprinted: below the
     # server's batch cap it changes the spread, not the expected tok/s.

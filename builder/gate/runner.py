@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from builder.errors import InfraError, InputError
@@ -197,10 +198,13 @@ async def _measure(url: str, wl: Workload, c: int, index: int, side: str,
 
 async def _run_level(
     c: int, url: str, inc_url: str | None, stored: LevelResult | None, wl: Workload,
-    profile: GateProfile, emit: Progress,
+    profile: GateProfile, emit: Progress, cand: list[RunMetrics] | None = None,
 ) -> LevelResult:
-    """Runs at one level until the comparison decides or max_runs is reached."""
-    cand: list[RunMetrics] = []
+    """Runs at one level until the comparison decides or max_runs is reached.
+
+    `cand` collects the candidate's runs as they finish (the deadline keeps what was measured).
+    """
+    cand = [] if cand is None else cand
     inc_runs: list[RunMetrics] = []
     target = wl.runs
     while True:
@@ -215,6 +219,21 @@ async def _run_level(
         if lv.verdict != "inconclusive" or final:
             return lv
         target += 1
+
+
+async def _level_by_deadline(c: int, deadline: float, profile: GateProfile, done: list[RunMetrics],
+                             level: Coroutine[Any, Any, LevelResult]) -> LevelResult:
+    """The level's result, or a failed level when the whole gate's deadline passes first."""
+    try:
+        return await asyncio.wait_for(level, timeout=max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        cause = (f"C={c}: the gate's deadline of {profile.gate_deadline_s():g}s passed before this "
+                 f"level finished (stall timeout {profile.stall_timeout_s:g}s per request)")
+        if done:
+            lv = level_summary(c, done)
+            return lv.model_copy(update={"verdict": "fail", "reasons": (cause,)})
+        return LevelResult(concurrency=c, runs=(), median_output_tok_s=0.0, median_total_tok_s=0.0,
+                           ttft_p99_ms=0.0, failed_requests=0, verdict="fail", reasons=(cause,))
 
 
 async def _probe(url: str, inc_url: str | None, baseline: GateResult | None,
@@ -264,16 +283,24 @@ async def run_gate_async(
     for target in [u for u in (inc_url, url) if u]:
         await loadgen.warmup(target, wl, max(wl.concurrency))
     levels: list[LevelResult] = []
+    deadline = time.monotonic() + profile.gate_deadline_s()
     for c in wl.concurrency:
         emit("level", {"concurrency": c})
         stored = baseline.level(c) if baseline is not None else None
-        lv = await _run_level(c, url, inc_url, stored, wl, profile, emit)
+        done: list[RunMetrics] = []
+        lv = await _level_by_deadline(c, deadline, profile, done,
+                                      _run_level(c, url, inc_url, stored, wl, profile, emit, done))
         if baseline is not None and stored is None:
             note = f"C={c}: the baseline file has no runs at this level"
             lv = lv.model_copy(update={"reasons": (*lv.reasons, note)})
         emit("decision", {"concurrency": c, "level": lv})
         levels.append(lv)
-    probe = await _probe(url, inc_url, baseline, profile)
+    try:
+        probe = await asyncio.wait_for(_probe(url, inc_url, baseline, profile),
+                                       timeout=max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        probe = ProbeResult(passed=False, reasons=(
+            f"probe: not finished by the gate's deadline of {profile.gate_deadline_s():g}s",))
     emit("probe", {"probe": probe})
     agreed = await checks.agreement_check(url, inc_url, baseline, profile)
     cap = await checks.capacity_check(url, inc_url, baseline, profile, wl)

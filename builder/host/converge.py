@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from builder.errors import InfraError, InputError
-from builder.host import units
+from builder.host import secrets, units
 from builder.host.ready import Probes, wait_ready
 from builder.host.report import DeployReport
 from builder.host.ssh import Remote
@@ -69,29 +69,12 @@ def converger_for(
     )
 
 
-def write_secrets(remote: Remote, stack: Stack, values: dict[str, str]) -> list[str]:
-    """Write the service's EnvironmentFile (0600); returns the secret names that were unset.
-
-    An unset secret is not an error here: the server starts without it, and a
-    server that needs it fails its start, which the deploy reports.
-    """
-    from builder.render import ENV_DIR
-
-    missing = [n for n in stack.runtime.secrets if n not in values]
-    remote.run(["mkdir", "-p", "-m", "0700", ENV_DIR], what="create the secrets dir")
-    remote.put_text(
-        units.env_file_text({n: values[n] for n in stack.runtime.secrets if n in values}),
-        f"{ENV_DIR}/{stack.host.service}.env",
-        mode=0o600,
-        secret=True,
-    )
-    return missing
-
-
 def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converger) -> HostState:
     rep = conv.report
     with rep.step("restore") as st:
         units.remove(remote, paths.candidate_unit, paths.unit_path(paths.candidate_unit))
+        # before the incumbent (re)starts: it reads the file it ran with, not the candidate's values
+        secrets.restore(remote, paths)
         cur = state.current
         if cur is None:
             conv.outage_end()

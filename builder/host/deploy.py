@@ -13,6 +13,7 @@ preflight, lock held), with nothing changed unless the report says so.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from builder.errors import EXIT_INFRA, StackbuildError
 from builder.gate.profile import GateProfile
 from builder.gate.result import GateResult
-from builder.host import converge, units
+from builder.host import converge, secrets, units
 from builder.host.crash import classify
 from builder.host.decide import incumbent_result, verdict_of
 from builder.host.preflight import PreflightFailed, run_preflight
@@ -40,6 +41,9 @@ from builder.host.state import (
     write_state,
 )
 from builder.spec import Stack
+
+CHANNEL_TRIES = 3
+CHANNEL_BACKOFF_S = 2.0
 
 GateFn = Callable[[str, GateProfile, str, GateResult | None], GateResult]
 
@@ -71,6 +75,8 @@ class Services:
     # way are not a baseline for the other (the tunnel costs throughput)
     access: str = "direct"
     echo: Callable[[str], None] = print
+    progress: Callable[[str], None] | None = None  # each step as it starts and ends
+    sleep: Callable[[float], None] = time.sleep
 
 
 def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
@@ -82,8 +88,9 @@ def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
         stack=stack.label,
         image=req.image,
         strategy=req.strategy,
+        live=svc.progress,
     )
-    lock = HostLock(remote, paths, me(f"deploy {stack.label}"), req.lock_ttl_s)
+    lock = HostLock(remote, paths, me(f"deploy {stack.label}", hold_bound_s(req)), req.lock_ttl_s)
     try:
         with rep.step("lock") as st:
             lock.__enter__()
@@ -109,6 +116,17 @@ def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
                 rep.needs_recovery = True
                 rep.finish("failed", str(err), EXIT_INFRA)
     return rep
+
+
+def hold_bound_s(req: DeployRequest) -> float:
+    """How long this deploy can hold the host lock, each step at its own timeout.
+
+    pull, then start + ready up to three times (candidate, the side-by-side switch, a restore),
+    the incumbent's baseline and the candidate's gate (each within the gate's deadline), and a
+    margin for the SSH steps between them.
+    """
+    rt = req.stack.runtime
+    return req.pull_timeout_s + 3 * (rt.start_timeout_s + rt.ready_timeout_s) + 2 * req.profile.gate_deadline_s() + 600
 
 
 def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths, rep: DeployReport) -> None:
@@ -140,19 +158,17 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
         unit = paths.candidate_unit if sbs else paths.main_unit
         name = unit.removesuffix(".service")
         with rep.step("stage unit") as st:
-            text = svc.render_unit(stack, image=req.image, port=port, name=name)
+            env = {"env_file": secrets.candidate_env_file(paths.service)} if sbs else {}
+            text = svc.render_unit(stack, image=req.image, port=port, name=name, **env)
             staged = units.stage_and_verify(remote, paths.staging_dir, unit, text)
             st.detail = f"{unit} verified"
-            if stack.runtime.secrets:
-                unset = converge.write_secrets(remote, stack, req.secrets)
-                if unset:
-                    st.detail += f"; secrets not set here, the server gets none: {', '.join(unset)}"
     except ConnectionLost:
         raise
     except StackbuildError as err:
         rep.finish("refused", str(err), getattr(err, "exit_code", EXIT_INFRA))
         return
     if remote.dry_run:
+        _stage_secrets(remote, req, paths, rep, operator=not sbs)
         _dry_plan(remote, req, svc, paths, unit, staged, rep)
         return
 
@@ -169,6 +185,7 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
     conv = _conv(req, svc, rep)
 
     try:
+        _stage_secrets(remote, req, paths, rep, operator=not sbs)
         _run_candidate(
             remote,
             req,
@@ -253,12 +270,13 @@ def _run_candidate(
         with rep.step("switch") as st:
             main_text = svc.render_unit(stack, image=req.image, port=stack.runtime.port, name=paths.service)
             main_staged = units.stage_and_verify(remote, paths.staging_dir, paths.main_unit, main_text)
-            units.remove(remote, paths.candidate_unit, paths.unit_path(paths.candidate_unit))
+            if stack.runtime.secrets:
+                secrets.stage(remote, paths, stack.runtime.secrets, req.secrets, target=secrets.env_file(paths.service))
             if incumbent_active:
                 conv.outage_begin()
-            units.stop(remote, paths.main_unit)
-            units.install(remote, main_staged, paths.unit_path(paths.main_unit))
-            units.start(remote, paths.main_unit)
+            args = [paths.candidate_unit, paths.unit_path(paths.candidate_unit), paths.main_unit, main_staged]
+            args.append(paths.unit_path(paths.main_unit))
+            units.switch(remote, paths.staging_dir, paths.unit_dir, paths.service, args)
             text = main_text
             st.detail = f"{paths.main_unit} now runs the candidate on {stack.runtime.port}"
         ready = _readiness(remote, svc, paths.main_unit, stack.runtime.port, stack, rep)
@@ -298,10 +316,52 @@ def _run_candidate(
         remote.run(["mkdir", "-p", f"{paths.base}/results"], what="create results dir")
         remote.put_text(result.model_dump_json(), paths.result_file(release.key))
         write_state(remote, paths, new_state)
+        secrets.commit(remote, paths)
         st.detail = "host state committed"
-        if svc.promote_channel and stack.host.channel:
-            st.detail += f"; channel {svc.promote_channel(req.image)}"
+    # Committed on the host: from here nothing undoes the promotion. A channel that will not
+    # move is reported stale (exit 4), never rolled back.
+    if svc.promote_channel and stack.host.channel:
+        stale = _move_channel(svc, req.image, stack.host.channel, rep)
+        if stale:
+            rep.finish("promoted", stale, EXIT_INFRA)
+            return
     rep.finish("promoted")
+
+
+def _move_channel(svc: Services, image: str, channel: str, rep: DeployReport) -> str | None:
+    """Move the channel tag with retries; None when moved, else the sentence saying what to do."""
+    assert svc.promote_channel is not None
+    err: Exception | None = None
+    with rep.step("channel") as st:
+        for attempt in range(CHANNEL_TRIES):
+            try:
+                st.detail = svc.promote_channel(image)
+                return None
+            except StackbuildError as e:
+                err = e
+                if attempt + 1 < CHANNEL_TRIES:
+                    svc.sleep(CHANNEL_BACKOFF_S * 2**attempt)
+        st.detail = f"not moved after {CHANNEL_TRIES} tries: {str(err).splitlines()[0][:200]}"
+    rep.steps[-1].ok = False
+    return (
+        f"promoted and committed on the host, but the channel {channel!r} is stale (registry: "
+        f"{str(err).splitlines()[0][:200]}); move it when the registry is back: "
+        f"stackbuild promote {image} --channel {channel}"
+    )
+
+
+def _stage_secrets(remote: Remote, req: DeployRequest, paths: HostPaths, rep: DeployReport, *, operator: bool) -> None:
+    """Merge the given secret values: into the operator's file (kept for a restore) or the candidate's copy."""
+    wanted = req.stack.runtime.secrets
+    if not wanted:
+        return
+    target = secrets.env_file(paths.service) if operator else secrets.candidate_env_file(paths.service)
+    with rep.step("secrets") as st:
+        missing = secrets.stage(remote, paths, wanted, req.secrets, target=target)
+        given = [n for n in wanted if req.secrets.get(n)]
+        st.detail = f"{target}: " + (f"set {', '.join(given)}" if given else "unchanged (no values given)")
+        if missing:
+            st.detail += f"; neither given nor on the host, the server gets none: {', '.join(missing)}"
 
 
 def _readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport) -> Readiness:

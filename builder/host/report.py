@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -39,11 +39,17 @@ class DeployReport:
     needs_recovery: bool = False  # the connection died: the host still has a pending marker
     gate_json: str | None = None
     logs: str = ""  # journal + container logs of a failed candidate (tail)
+    live: Callable[[str], None] | None = None  # told each step as it starts and ends
+
+    def _tell(self, text: str) -> None:
+        if self.live is not None:
+            self.live(text)
 
     @contextmanager
     def step(self, name: str) -> Iterator[Step]:
         st = Step(name, False, 0.0)
         t0 = time.monotonic()
+        self._tell(f"{name} ...")
         try:
             yield st
             st.ok = True
@@ -53,6 +59,7 @@ class DeployReport:
         finally:
             st.seconds = round(time.monotonic() - t0, 3)
             self.steps.append(st)
+            self._tell(f"{name} {'ok' if st.ok else 'FAILED'} ({st.seconds:.1f}s) {st.detail[:120]}".rstrip())
 
     def note(self, name: str, ok: bool, detail: str, seconds: float = 0.0) -> None:
         self.steps.append(Step(name, ok, round(seconds, 3), detail))
@@ -83,6 +90,7 @@ class DeployReport:
         d: dict[str, Any] = asdict(self)
         d.pop("logs")
         d.pop("gate_json")
+        d.pop("live")
         return json.dumps(d, indent=2)
 
     def render(self) -> str:

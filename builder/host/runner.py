@@ -9,7 +9,11 @@ converges it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,7 +117,11 @@ def _services(args: DeployArgs, endpoint: Any, echo: Callable[[str], None]) -> S
             registry.promote(ref, channel=channel)
             return f"{channel} -> {ref}"
 
+    def progress(text: str) -> None:
+        print(f"stackbuild: deploy: {text}", file=sys.stderr, flush=True)
+
     return Services(
+        progress=progress,
         render_unit=render_unit,
         gate=gate,
         endpoint=endpoint,
@@ -156,8 +164,15 @@ def run_deploy(
 ) -> int:
     address = parse_host(args.host_text)
     profile = gate_profile(args.stack, args.profile_name)
-    image, digest = resolve_image(args, echo)
+    check_local_outputs(args)
+    # the connection and the host key first: a build can take hours, a refused key seconds
     real = connect(address, args.ssh)
+    if not args.image and not args.dry_run:
+        real.close()  # an hours-long build would outlive an idle connection
+        image, digest = resolve_image(args, echo)
+        real = connect(address, args.ssh)
+    else:
+        image, digest = resolve_image(args, echo)
     remote: Any = DryRunRemote(str(address), reader=real, echo=echo) if args.dry_run else real
     endpoint = Endpoint(remote, address, args.tunnel)
     svc = _services(args, endpoint, echo)
@@ -171,7 +186,8 @@ def run_deploy(
         need_free_kib=(1 if args.stack.runtime.gpus == "none" else 64) * 2**20,
     )
     try:
-        rep = deploy(remote, req, svc)
+        with restore_on_signal():
+            rep = deploy(remote, req, svc)
     finally:
         remote.close()
     if rep.needs_recovery:
@@ -180,12 +196,58 @@ def run_deploy(
         _record(args, rep, profile, digest, echo)
     echo(rep.render())
     if args.json_out:
-        args.json_out.write_text(rep.to_json())
+        try:
+            args.json_out.write_text(rep.to_json())
+        except OSError as err:  # checked writable before the host; gone since
+            echo(f"stackbuild: deploy report not written to {args.json_out} ({err.strerror})")
     if rep.exit_code and rep.cause:
         echo(f"stackbuild: deploy {rep.outcome}: {rep.cause.splitlines()[0]}")
     if reports is not None:
         reports.append(rep)
     return rep.exit_code
+
+
+def check_local_outputs(args: DeployArgs) -> None:
+    """Every file the deploy will write, opened now: after the host changed is too late."""
+    from builder.outputs import check_ledger, check_writable
+
+    if args.json_out:
+        check_writable(args.json_out, "--json")
+    if not args.dry_run:
+        from builder.ledger import default_ledger_path
+
+        check_ledger(args.ledger or default_ledger_path(args.root or Path.cwd()))
+
+
+class Interrupted(InfraError):
+    """SIGTERM/SIGINT mid-deploy: raised where the deploy is, so it puts the incumbent back first."""
+
+
+@contextmanager
+def restore_on_signal() -> Iterator[None]:
+    """Turn the first SIGTERM/SIGINT into `Interrupted`; ignore more while the host is restored.
+
+    The flow catches it like any failure once the host is disturbed: it restores the
+    incumbent, releases the lock and reports, then the command exits 4.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    old = {s: signal.getsignal(s) for s in sigs}
+
+    def handler(signum: int, _frame: object) -> None:
+        for s in sigs:
+            signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the restore short
+        raise Interrupted(f"interrupted by {signal.Signals(signum).name}; the incumbent is put back before exit")
+
+    for s in sigs:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _recover_once(

@@ -347,7 +347,13 @@ def connect(address: HostAddress, opts: SshOptions | None = None) -> FabricRemot
         client = conn.client
         client.load_system_host_keys()
         if known.exists():
-            client.load_system_host_keys(str(known))
+            try:
+                client.load_system_host_keys(str(known))
+            except (OSError, UnicodeDecodeError, paramiko.SSHException) as err:
+                raise InputError(
+                    f"--known-hosts {known}: not a readable known_hosts file ({type(err).__name__}); "
+                    "pass an OpenSSH known_hosts text file"
+                ) from None
         client.set_missing_host_key_policy(_HostKeyPolicy(known, opts.accept_new_host_key))
         conn.open()
         conn.transport.set_keepalive(opts.keepalive_s)

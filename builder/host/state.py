@@ -174,18 +174,22 @@ class LockOwner:
     pid: int
     started: float  # epoch seconds
     what: str
+    # epoch seconds by which the holder is done, every step bounded by its timeouts; a
+    # lock past it is stale whatever TTL the reader assumes (None: an older writer)
+    until: float | None = None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"host": self.host, "pid": self.pid, "started": self.started, "what": self.what},
-            sort_keys=True,
-        )
+        d: dict[str, object] = {"host": self.host, "pid": self.pid, "started": self.started, "what": self.what}
+        if self.until is not None:
+            d["until"] = self.until
+        return json.dumps(d, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> LockOwner | None:
         try:
             d = json.loads(text)
-            return LockOwner(str(d["host"]), int(d["pid"]), float(d["started"]), str(d["what"]))
+            until = float(d["until"]) if d.get("until") is not None else None
+            return LockOwner(str(d["host"]), int(d["pid"]), float(d["started"]), str(d["what"]), until)
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -195,8 +199,10 @@ class LockOwner:
         )
 
 
-def me(what: str) -> LockOwner:
-    return LockOwner(socket.gethostname(), os.getpid(), round(time.time(), 3), what)
+def me(what: str, hold_s: float | None = None) -> LockOwner:
+    now = round(time.time(), 3)
+    until = None if hold_s is None else round(now + hold_s, 3)
+    return LockOwner(socket.gethostname(), os.getpid(), now, what, until)
 
 
 def pid_alive(pid: int) -> bool:
@@ -227,6 +233,8 @@ def is_stale(
         return False  # being written right now, or unreadable: never guess
     if owner.host == local_host and (owner.pid == own_pid or not alive(owner.pid)):
         return True
+    if owner.until is not None:
+        return now > owner.until
     return now - owner.started > ttl_s
 
 

@@ -24,6 +24,16 @@ LOGS_SCRIPT = (
     'journalctl -u "$1" --since "@$3" --no-pager -o cat 2>&1 | tail -n 400; '
     'echo "== docker logs $2"; docker logs --since "$3" "$2" 2>&1 | tail -n 400; true'
 )
+# The side-by-side switch as one host-side transaction: candidate unit removed, main unit
+# stopped, the new main unit installed and started. Run by systemd (systemd-run), so the host
+# finishes it even when the client or its SSH connection dies halfway; the previous unit
+# text stays in the state file for a restore.
+SWITCH_SCRIPT = (
+    'systemctl stop "$1" 2>/dev/null; systemctl reset-failed "$1" 2>/dev/null; rm -f "$2"; '
+    'systemctl stop "$3"; '
+    'install -m 0644 "$4" "$5.stackbuild-tmp" && mv -f "$5.stackbuild-tmp" "$5" && systemctl daemon-reload '
+    '&& { systemctl reset-failed "$3" 2>/dev/null; systemctl start "$3"; }'
+)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -76,6 +86,28 @@ def stage_and_verify(remote: Remote, staging_dir: str, unit: str, text: str) -> 
 
 def install(remote: Remote, staged: str, unit_path: str) -> None:
     remote.run(sh_argv(INSTALL_SCRIPT, staged, unit_path), what=f"install {unit_path}")
+
+
+def switch_unit_text(script: str, args: list[str]) -> str:
+    """A oneshot unit running the switch script: `systemctl start` waits for it, systemd owns it."""
+    from builder.render import exec_line
+
+    return (
+        "# Written by stackbuild: the side-by-side switch, finished by systemd even if the client dies.\n"
+        "[Unit]\nDescription=stackbuild switch\n\n"
+        f"[Service]\nType=oneshot\nExecStart={exec_line(['/bin/sh', script, *args])}\n"
+    )
+
+
+def switch(remote: Remote, staging_dir: str, unit_dir: str, service: str, args: list[str]) -> None:
+    """Run SWITCH_SCRIPT with `args` as one host-side transaction (a oneshot unit), waiting for its end."""
+    script = f"{staging_dir}/switch.sh"
+    unit = f"stackbuild-switch-{service}.service"
+    remote.put_text(SWITCH_SCRIPT + "\n", script, mode=0o700)
+    remote.put_text(switch_unit_text(script, args), f"{unit_dir}/{unit}")
+    remote.run(["systemctl", "daemon-reload"], what="load the switch unit")
+    remote.run(["systemctl", "reset-failed", unit], check=False, what="reset-failed")
+    remote.run(["systemctl", "start", unit], what=f"switch {service} to the candidate", timeout=300)
 
 
 def remove(remote: Remote, unit: str, unit_path: str) -> None:

@@ -104,6 +104,7 @@ def build_stack(
             no_cache=no_cache,
             progress=progress,
             push=push,
+            dry_run=True,
         )
         _print_dry_run(plan, echo, daemon=c is not None)
         return BuildResult(plan.ref, plan.ref.rsplit(":", 1)[1], plan.hash, None, None, skipped=True, lock=plan.lock)
@@ -128,7 +129,15 @@ def _ping_soft(target: str, echo: Echo) -> None:
 
 
 def _plan(
-    stack: Stack, target: str | None, tmp: Path, c: Any, *, no_cache: bool, progress: str | None, push: bool
+    stack: Stack,
+    target: str | None,
+    tmp: Path,
+    c: Any,
+    *,
+    no_cache: bool,
+    progress: str | None,
+    push: bool,
+    dry_run: bool = False,
 ) -> Plan:
     from builder.render import image_ref
 
@@ -151,7 +160,7 @@ def _plan(
         tag=f"{ref}-partial{os.getpid()}",
         labels={},  # the Dockerfile's own LABELs carry the hash and the lock
         build_args=build_args,
-        secrets=_secret_files(stack, tmp / "secrets"),
+        secrets=_secret_files(stack, tmp / "secrets", write=not dry_run),
         cache_from=(cache_ref,) if cache_ref and not no_cache and _exists(cache_ref) else (),
         cache_to=cache_ref if push and cache_ref else None,
         no_cache=no_cache,
@@ -169,19 +178,25 @@ def _exists(ref: str) -> bool:
         return False
 
 
-def _secret_files(stack: Stack, d: Path) -> dict[str, Path]:
-    """BuildKit secrets from the environment (id hf_token <- $HF_TOKEN); files only this user reads."""
+def _secret_files(stack: Stack, d: Path, *, write: bool = True) -> dict[str, Path]:
+    """BuildKit secrets from the environment (id hf_token <- $HF_TOKEN); files only this user reads.
+
+    A dry run (write=False) names the files the command would use but writes no value: its
+    context is kept on disk for reading, and a secret must not outlive the command.
+    """
     out: dict[str, Path] = {}
     for sid in stack.build.secrets:
         value = os.environ.get(sid.upper())
         if not value:
             continue
-        d.mkdir(mode=0o700, exist_ok=True)
         p = d / sid
+        out[sid] = p
+        if not write:
+            continue
+        d.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(value)
-        out[sid] = p
     return out
 
 

@@ -1,0 +1,59 @@
+"""A deploy's lock is bounded by what its own steps can take; steps are told as they happen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builder.gate.profile import BUILTIN_PROFILES, GateProfile
+from builder.host.deploy import DeployRequest, hold_bound_s
+from builder.host.report import DeployReport
+from builder.host.state import LockOwner, is_stale, me
+from builder.spec import Stack, load_stack
+
+
+def test_lock_owner_declares_until_and_readers_honour_it() -> None:
+    o = LockOwner("other", 1, 1000.0, "deploy x", until=1500.0)
+    assert LockOwner.from_json(o.to_json()) == o
+    # a reader assuming a 60 s TTL still waits for the holder's own bound, and not longer
+    assert not is_stale(o, now=1400, ttl_s=60, local_host="box")
+    assert is_stale(o, now=1501, ttl_s=10**6, local_host="box")
+    old = LockOwner.from_json('{"host": "other", "pid": 1, "started": 1000, "what": "x"}')
+    assert old is not None and old.until is None and is_stale(old, now=1061, ttl_s=60, local_host="box")
+    mine = me("deploy y", 100.0)
+    assert mine.until is not None and round(mine.until - mine.started, 3) == 100.0
+
+
+def _stack(tmp_path: Path, text: str) -> Stack:
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "b.yaml").write_text(text)
+    return load_stack("b", root=tmp_path)
+
+
+def test_hold_bound_counts_every_step_at_its_timeout(tmp_path: Path) -> None:
+    stack = _stack(tmp_path, "name: b\nbase_image: local/debian:bookworm\ncuda: null\n"
+                   "server: {engine: sim, model_path: m}\nruntime: {start_timeout_s: 10, ready_timeout_s: 20}\n")
+    prof = GateProfile(deadline_s=100.0)
+    req = DeployRequest(stack=stack, image="r@sha256:" + "0" * 64, digest="d", strategy="swap", profile=prof,
+                        pull_timeout_s=50.0)
+    assert hold_bound_s(req) == 50 + 3 * (10 + 20) + 2 * 100 + 600
+    assert BUILTIN_PROFILES["users"].gate_deadline_s() == 4 * 3600
+
+
+def test_report_tells_each_step_as_it_starts_and_ends() -> None:
+    told: list[str] = []
+    rep = DeployReport(host="h", service="s", stack="x", image="i", strategy="swap", live=told.append)
+    with rep.step("pull") as st:
+        assert told == ["pull ..."]
+        st.detail = "pulled"
+    assert told == ["pull ...", "pull ok (0.0s) pulled"]
+    assert '"live"' not in rep.to_json()
+
+
+def test_switch_is_one_oneshot_unit_the_host_finishes() -> None:
+    from builder.host.units import switch_unit_text
+
+    assert switch_unit_text("/st/switch.sh", ["s-candidate.service", "/u/s.service", "a b%"]) == (
+        "# Written by stackbuild: the side-by-side switch, finished by systemd even if the client dies.\n"
+        "[Unit]\nDescription=stackbuild switch\n\n"
+        '[Service]\nType=oneshot\nExecStart=/bin/sh /st/switch.sh s-candidate.service /u/s.service "a b%%"\n'
+    )

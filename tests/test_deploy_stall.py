@@ -1,0 +1,92 @@
+"""A stalled candidate cannot hold production (issue 10, item 2), on the real host under swap:
+the gate's stall timeout ends it with the incumbent back, and SIGTERM mid-gate restores the
+incumbent before the command exits. Both report the incumbent's downtime."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from test_deploy_support import (
+    Client,
+    HostBox,
+    Project,
+    SimImage,
+    cleanup_project,
+    deploy_host,  # noqa: F401  (fixture)
+    make_project,
+    record_figure,
+    sim_image,  # noqa: F401  (fixture)
+)
+
+pytestmark = pytest.mark.integration
+VARIANTS = (
+    "  stall: {server: {flags: {--fault: stall-stream}}, gate: {profiles: {tiny: {stall_timeout_s: 1}}}}\n"
+    "  stallhang: {server: {flags: {--fault: stall-stream}}, gate: {profiles: {tiny: {stall_timeout_s: 600,"
+    " timeout_s: 600}}}}\n"
+)
+
+
+@pytest.fixture(scope="module")
+def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+    p = make_project(deploy_host, sim_image, tmp_path_factory.mktemp("stall"), VARIANTS)
+    try:
+        r = p.deploy()
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield p
+    finally:
+        cleanup_project(p)
+
+
+def _restored(p: Project, before: object) -> None:
+    st = p.state()
+    assert st["current"] == before and st.get("pending") is None
+    assert p.active() == "active" and p.serving()
+    assert p.host.sh(f"test -d /var/lib/stackbuild/{p.service}/lock").returncode != 0
+
+
+def _downtime(out: str) -> float | None:
+    for line in out.splitlines():
+        if line.strip().startswith("downtime:"):
+            return float(line.split()[1].rstrip("s"))
+    return None
+
+
+def test_stalled_candidate_fails_by_its_stall_timeout(project: Project) -> None:
+    p = project
+    before = p.state()["current"]
+    with Client(p.port, kind="health") as client:
+        r = p.deploy("stall", "--strategy", "swap")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "stalled: no byte for 1s" in out and "outcome: rolled-back" in out
+    assert "stackbuild: deploy: gate ..." in r.stderr  # steps are told as they happen
+    _restored(p, before)
+    record_figure(scenario="swap stall-stream", reported_s=_downtime(out), client_s=round(client.downtime(), 3),
+                  failed_requests=client.failed, requests=len(client.results))
+
+
+def test_sigterm_mid_gate_restores_the_incumbent(project: Project) -> None:
+    p = project
+    before = p.state()["current"]
+    proc = p.popen("stallhang", "--strategy", "swap")
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # the gate's start, told as it happens
+        seen.append(line)
+        if "deploy: gate ..." in line:
+            break
+    else:
+        pytest.fail("".join(seen))
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    out = "".join(seen) + rest
+    assert proc.returncode == 4, out
+    assert "interrupted by SIGTERM" in out and "outcome: rolled-back" in out
+    assert "Traceback" not in out
+    _restored(p, before)
+    record_figure(scenario="swap SIGTERM mid-gate", reported_s=_downtime(out))

@@ -1,0 +1,221 @@
+"""Spec values are data: any string in a field that reaches a unit or a Dockerfile either fails
+validation with a located error or renders to files that parse back to that same value in one
+place — never a new key, section, instruction or command.
+
+The unit and Dockerfile readers here are our own small versions of systemd's and BuildKit's
+rules (line continuation, sections, quoting, `%` specifiers, `$` expansion), enough to tell
+whether a value stayed inside its slot.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from builder.errors import SpecError
+from builder.render import docker_run_argv, image_ref, render_stack
+from builder.spec import Stack, load_stack
+
+BASE: dict[str, Any] = {
+    "description": "plain",
+    "base_image": "local/debian:bookworm",
+    "cuda": None,
+    "python": "3.11",
+    "server": {"engine": "sim", "model_path": "/models/sim", "served_model_name": "sim", "flags": {"--speed": 20}},
+    "runtime": {"gpus": "none", "ulimits": {}, "secrets": ["HF_TOKEN"]},
+    "host": {"service": "svc"},
+    "build": {"apt": ["curl"]},
+}
+# field path -> (benign value for the baseline)
+FIELDS: dict[tuple[Any, ...], str] = {
+    ("name",): "plain",
+    ("description",): "plain",
+    ("host", "service"): "svc",
+    ("build", "apt", 0): "curl",
+    ("server", "model_path"): "/models/sim",
+    ("server", "served_model_name"): "sim",
+    ("server", "flags", "--profile"): "baseline",
+    ("server", "env", "X"): "1",
+    ("base_image",): "local/debian:bookworm",
+}
+HOSTILE = [
+    "x\n[Service]\nExecStartPre=/bin/touch /tmp/pwn",
+    "x\nRUN touch /tmp/pwn",
+    "../../../../tmp/escape",
+    "curl; touch /tmp/pwn",
+    "a b",
+    "%n%i",
+    "$HOME ${X} $$",
+    '"; rm -rf / #',
+    "trailing\\",
+    "x\\\nRUN id",
+    ";",
+    "'",
+    "`id`",
+    "a\rb",
+    "\x00",
+    "\u2028",
+    "ok-name",
+]
+
+
+def _set(tree: dict[str, Any], path: tuple[Any, ...], value: str) -> dict[str, Any]:
+    out: dict[str, Any] = yaml.safe_load(yaml.safe_dump(tree))
+    node: Any = out
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    return out
+
+
+def _load(tmp: Path, tree: dict[str, Any]) -> Stack:
+    (tmp / "stacks").mkdir(exist_ok=True)
+    f = tmp / "stacks" / "s.yaml"
+    f.write_text(yaml.safe_dump(tree, allow_unicode=True))
+    return load_stack(str(f), root=tmp)
+
+
+# --- our readers -------------------------------------------------------------------------------
+
+
+def unit_entries(text: str) -> list[tuple[str, str, str]]:
+    """(section, key, value) per entry, with systemd's continuation and comment rules."""
+    out: list[tuple[str, str, str]] = []
+    section, buf = "", ""
+    for raw in text.split("\n"):
+        if not buf and raw.lstrip().startswith(("#", ";")):
+            continue
+        if raw.endswith("\\"):
+            buf += raw[:-1] + " "
+            continue
+        line, buf = (buf + raw).strip(), ""
+        if not line:
+            continue
+        if line.startswith("["):
+            section = line
+            continue
+        key, _, value = line.partition("=")
+        out.append((section, key.strip(), value.strip()))
+    return out
+
+
+def _specifiers(s: str) -> str:
+    assert re.fullmatch(r"(?:[^%]|%%)*", s), f"a live specifier in {s!r}"
+    return s.replace("%%", "%")
+
+
+def exec_argv(line: str) -> list[str]:
+    """ExecStart= words: specifiers, then C-unescaped quoting, then `$$` -> `$` per word."""
+    words = []
+    for w in shlex.split(_specifiers(line), posix=True):
+        assert "$" not in w.replace("$$", ""), f"a live variable in {w!r}"
+        words.append(w.replace("$$", "$"))
+    return words
+
+
+def docker_instructions(text: str) -> list[str]:
+    out, buf = [], ""
+    for raw in text.split("\n"):
+        if raw.lstrip().startswith("#"):
+            continue
+        if raw.endswith("\\"):
+            buf += raw[:-1]
+            continue
+        line, buf = (buf + raw).strip(), ""
+        if line:
+            out.append(line)
+    return out
+
+
+def docker_labels(instr: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for m in re.finditer(r'([\w.]+)=("(?:[^"\\]|\\.)*"|\S+)', instr.removeprefix("LABEL ")):
+        v = m.group(2)
+        labels[m.group(1)] = re.sub(r"\\(.)", r"\1", v[1:-1]) if v.startswith('"') else v
+    return labels
+
+
+# --- the property ------------------------------------------------------------------------------
+
+
+def _check(tmp: Path, path: tuple[Any, ...], value: str) -> None:
+    tree = _set(BASE, path, value)
+    base = _load(tmp, _set(BASE, path, FIELDS[path]))
+    try:
+        stack = _load(tmp, tree)
+    except SpecError as err:
+        assert err.findings
+        for f in err.findings:
+            assert f.path.endswith("s.yaml") and f.line >= 1 and f.col >= 1, f
+            assert f.severity == "error"
+        return
+    want, got = render_stack(base), render_stack(stack)
+    unit_name = f"units/{stack.host.service}.service"
+    assert set(got.files) == {"Dockerfile", "stack.lock.json", unit_name}
+    # Unit: same sections and keys as the benign render, values back exactly.
+    base_entries, entries = (
+        unit_entries(want.files[f"units/{base.host.service}.service"]),
+        unit_entries(got.files[unit_name]),
+    )
+    assert [(s, k) for s, k, _ in entries] == [(s, k) for s, k, _ in base_entries]
+    vals = {k: v for _, k, v in entries}
+    image = image_ref(stack, got.content_hash)
+    assert exec_argv(vals["ExecStart"]) == docker_run_argv(
+        stack, image=image, port=stack.runtime.port, name=stack.host.service
+    )
+    assert _specifiers(vals["Description"]) == f"stackbuild {stack.label} server ({stack.host.service})"
+    # Dockerfile: same instructions, labels and apt words back exactly.
+    ins, base_ins = docker_instructions(got.files["Dockerfile"]), docker_instructions(want.files["Dockerfile"])
+    assert [i.split()[0] for i in ins] == [i.split()[0] for i in base_ins]
+    labels = docker_labels(ins[-1])
+    assert labels["org.opencontainers.image.description"] == (stack.description or stack.label)
+    assert labels["dev.stackbuild.stack"] == stack.name
+    apt_run = next(i for i in ins if "apt-get install" in i)
+    words = shlex.split(apt_run.split("apt-get install", 1)[1].split("&&")[0])
+    assert words[-len(stack.build.apt) :] == list(stack.build.apt)
+
+
+values = st.one_of(
+    st.sampled_from(HOSTILE),
+    st.text(max_size=30),
+    st.text(alphabet="abc-_.:/=+ %$\\\"'\n;", max_size=20),
+    st.from_regex(r"[a-z0-9][a-z0-9.+-]{1,12}", fullmatch=True),
+)
+PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@PROPERTY
+@given(path=st.sampled_from(sorted(FIELDS)), value=values)
+@example(path=("description",), value="x\n[Service]\nExecStartPre=/bin/touch /tmp/pwn")
+@example(path=("host", "service"), value="../../../../tmp/escape")
+@example(path=("build", "apt", 0), value="curl; touch /tmp/pwn")
+@example(path=("server", "model_path"), value="%n $HOME \"'")
+def test_any_value_is_rejected_located_or_renders_back(tmp_path: Path, path: tuple[Any, ...], value: str) -> None:
+    _check(tmp_path, path, value)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "needle"),
+    [
+        (("name",), "x\n[Service]\nExecStartPre=/bin/touch /tmp/pwn", "control character"),
+        (("host", "service"), "../../../../tmp/escape", "not an identifier"),
+        (("build", "apt", 0), "curl; touch /tmp/pwn", "not a Debian package name"),
+        (("description",), "a\x1b[31mred", "control character"),
+    ],
+)
+def test_hostile_values_fail_at_their_line(tmp_path: Path, path: tuple[Any, ...], value: str, needle: str) -> None:
+    tree = _set(BASE, path, value)
+    with pytest.raises(SpecError) as err:
+        _load(tmp_path, tree)
+    text = (tmp_path / "stacks" / "s.yaml").read_text().split("\n")
+    (f,) = err.value.findings
+    assert needle in f.message
+    line = text[f.line - 1]
+    assert str(path[-1] if isinstance(path[-1], str) else path[-2]) in line or line.lstrip().startswith("-")
