@@ -162,6 +162,9 @@ def _lock(stack: Stack, content_hash: str) -> dict[str, Any]:
             entry.update(repo=c.source.repo, ref=c.source.ref, env=dict(sorted(c.source.env.items())))
         elif c.index:
             entry["index"] = c.index
+        aot = getattr(c, "aot", None)
+        if aot is not None:
+            entry["aot"] = list(aot.arches)
         comps[name] = entry
     return {
         "stack": stack.name,
