@@ -363,7 +363,7 @@ RULES: tuple[Rule, ...] = (
         "warning",
         _flashinfer_noop,
         "a flashinfer {version} source build compiles no CUDA (the wheel is the same py3-none-any as PyPI's); "
-        "drop source:, kernels come from the JIT cache or flashinfer's AOT jit-cache/cubin wheels",
+        "drop source:, and for kernels in the image set components.flashinfer.aot: {{arches: [...]}}",
         "flashinfer 0.7.2 build backend and aot.py",
     ),
     Rule(
