@@ -7,7 +7,9 @@ import json
 import struct
 import subprocess
 import sys
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers_spec import BASE, project, run_cli
@@ -246,3 +248,31 @@ def test_aot_problems_when_the_image_has_none() -> None:
         ["no FlashInfer AOT modules in /x: the first start would JIT-compile them"],
         "",
     )
+
+
+@pytest.mark.integration
+def test_smoke_reads_the_aot_modules_inside_a_real_image(docker_client: Any, tmp_path: Path) -> None:
+    """The scan travels as `python3 -c` argv into a container of an image with no builder and no pyelftools."""
+    from conftest import TESTHOST_IMAGE, _require_image
+
+    from builder.image import smoke
+
+    stack = load_stack("cuda13", root=ROOT)
+    where = aot_dir(stack)
+    mods = {"norm": container((2, 120)), "sm100_only": container((2, 100)), "host": b""}
+    for name, blob in mods.items():
+        (tmp_path / "aot" / name).mkdir(parents=True)
+        (tmp_path / "aot" / name / f"{name}.so").write_bytes(b"\x7fELF" + b"\0" * 60 + blob)
+    (tmp_path / "Dockerfile").write_text(f"FROM {_require_image(docker_client, TESTHOST_IMAGE)}\nCOPY aot {where}\n")
+    tag = f"wt11b-aot-smoke:{uuid.uuid4().hex[:8]}"
+    docker_client.images.build(path=str(tmp_path), tag=tag, network_mode="none", rm=True)
+    try:
+        done: list[str] = []
+        problems = smoke._aot_check(docker_client, tag, stack, done)
+        assert problems == ["1 of 3 FlashInfer AOT modules carry no sm_120 kernel: sm100_only"]
+        done = []
+        assert smoke._aot_check(docker_client, TESTHOST_IMAGE, stack, done) == [
+            f"no FlashInfer AOT modules in {where}: the first start would JIT-compile them"
+        ]
+    finally:
+        docker_client.images.remove(tag, force=True)
