@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import subprocess
 import sys
@@ -276,3 +277,17 @@ def test_smoke_reads_the_aot_modules_inside_a_real_image(docker_client: Any, tmp
         ]
     finally:
         docker_client.images.remove(tag, force=True)
+
+
+def test_a_changed_build_script_is_a_new_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from builder.lock import render_ctx
+
+    stack = load_stack("cuda13", root=ROOT)
+    h0 = render_stack(stack).content_hash
+    for name in ("flashinfer_aot.py", "verify_image.py"):
+        shutil.copytree(ROOT / "templates", tmp_path / name)
+        (tmp_path / name / name).write_text((ROOT / "templates" / name).read_text() + "# changed\n")
+        monkeypatch.setattr(render_ctx, "templates_dir", lambda d=tmp_path / name: d)
+        assert render_stack(stack).content_hash != h0, name
+    monkeypatch.setattr(render_ctx, "templates_dir", lambda: ROOT / "templates")
+    assert render_stack(stack).content_hash == h0
