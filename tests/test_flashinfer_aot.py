@@ -291,3 +291,19 @@ def test_a_changed_build_script_is_a_new_image(tmp_path: Path, monkeypatch: pyte
         assert render_stack(stack).content_hash != h0, name
     monkeypatch.setattr(render_ctx, "templates_dir", lambda: ROOT / "templates")
     assert render_stack(stack).content_hash == h0
+
+
+def test_build_args_give_the_aot_stage_flashinfers_job_budget() -> None:
+    from builder.image.context import build_args
+
+    cuda13 = render_stack(load_stack("cuda13", root=ROOT)).files["Dockerfile"]
+    assert "ARG AOT_MAX_JOBS=4\n" in cuda13
+    assert build_args(cuda13, load_stack("cuda13", root=ROOT), 64, 128 << 30) == {
+        "MAX_JOBS": "32",  # 128 GiB / 4 GiB
+        "NVCC_THREADS": "1",
+        "AOT_MAX_JOBS": "16",  # 128 GiB / 8 GiB
+    }
+    cuda128 = load_stack("cuda12.8", root=ROOT)
+    plain = render_stack(cuda128).files["Dockerfile"]
+    assert build_args(plain, cuda128, 64, 128 << 30) == {"MAX_JOBS": "32", "NVCC_THREADS": "1"}
+    assert build_args("FROM x\n", cuda128, 64, 128 << 30) == {}
