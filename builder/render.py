@@ -185,6 +185,9 @@ def _lock(stack: Stack, content_hash: str) -> dict[str, Any]:
             entry.update(repo=c.source.repo, ref=c.source.ref, env=dict(sorted(c.source.env.items())))
         elif c.index:
             entry["index"] = c.index
+        aot = getattr(c, "aot", None)
+        if aot is not None:
+            entry["aot"] = list(aot.arches)
         comps[name] = entry
     return {
         "stack": stack.name,
@@ -231,6 +234,10 @@ def render_stack(stack: Stack, inputs: Mapping[str, str] | None = None) -> Rende
     h.update(json.dumps(_lock(stack, ""), sort_keys=True).encode())
     if resolved:  # the resolved closure: a new resolution is a new image
         h.update(lockctx.digest(stack).encode())
+        # and the scripts the image runs while it is built (verifier, AOT driver): a new script is a new image
+        for rel, text in sorted(lockctx.files(stack).items()):
+            if rel != "requirements.lock":
+                h.update(f"\n{rel} {hashlib.sha256(text.encode()).hexdigest()}".encode())
     for rel, digest in sorted((inputs or {}).items()):
         h.update(f"\n{rel} {digest}".encode())
     content_hash = h.hexdigest()

@@ -87,6 +87,48 @@ def _fi_arch(s: Stack) -> Iterator[Hit]:
         for tok in val.split():
             if tok.endswith("f"):
                 yield path, {"arch": tok, "alt": tok[:-1] + "a", "cuda": s.cuda}
+    aot = _fi_aot(s)
+    if aot and s.cuda_mm and s.cuda_mm < (12, 9):
+        for i, tok in enumerate(aot):
+            if tok.endswith("f"):
+                path = ("components", "flashinfer", "aot", "arches", i)
+                yield path, {"arch": tok, "alt": tok[:-1] + "a", "cuda": s.cuda}
+
+
+def _fi_aot(s: Stack) -> tuple[str, ...]:
+    c = s.components.flashinfer
+    return c.aot.arches if c is not None and c.aot is not None else ()
+
+
+def aot_arch_for(arch: str, cuda_mm: tuple[int, int] | None) -> str | None:
+    """The FLASHINFER_CUDA_ARCH_LIST word flashinfer's runtime picks for sm_XYZ (its _normalize_cuda_arch)."""
+    m = re.fullmatch(r"sm_(\d+)(\d)", arch)
+    if not m:
+        return None
+    major, minor = int(m.group(1)), m.group(2)
+    if major == 12 and minor == "0":
+        return "12.0f" if cuda_mm and cuda_mm >= (12, 9) else "12.0a"
+    return f"{major}.{minor}" + ("a" if major >= 9 else "")
+
+
+def _fi_aot_cover(s: Stack) -> Iterator[Hit]:
+    aot = _fi_aot(s)
+    have = {re.sub(r"[af]$", "", a) for a in aot}
+    for arch in s.arches if aot else ():
+        want = aot_arch_for(arch, s.cuda_mm)
+        if want and re.sub(r"[af]$", "", want) not in have:
+            yield ("components", "flashinfer", "aot", "arches"), {"arch": arch, "want": want, "have": " ".join(aot)}
+
+
+def _fi_aot_build(s: Stack) -> Iterator[Hit]:
+    c = s.components.flashinfer
+    if c is None or c.aot is None:
+        return
+    if c.source is not None:
+        yield ("components", "flashinfer", "aot"), {"why": "it compiles the locked wheel's sources: drop source:"}
+    elif "devel" not in s.base_image.rsplit(":", 1)[-1]:
+        why = f"it needs nvcc, which {s.base_image} lacks: use a -devel- base"
+        yield ("components", "flashinfer", "aot"), {"why": why}
 
 
 def _torch_wheel(s: Stack) -> Iterator[Hit]:
@@ -321,7 +363,7 @@ RULES: tuple[Rule, ...] = (
         "warning",
         _flashinfer_noop,
         "a flashinfer {version} source build compiles no CUDA (the wheel is the same py3-none-any as PyPI's); "
-        "drop source:, kernels come from the JIT cache or flashinfer's AOT jit-cache/cubin wheels",
+        "drop source:, and for kernels in the image set components.flashinfer.aot: {{arches: [...]}}",
         "flashinfer 0.7.2 build backend and aot.py",
     ),
     Rule(
@@ -346,6 +388,20 @@ RULES: tuple[Rule, ...] = (
         _fi_arch,
         "FLASHINFER_CUDA_ARCH_LIST '{arch}' needs CUDA >= 12.9 (stack has {cuda}); use '{alt}'",
         "flashinfer build docs: family-specific 'f' targets need nvcc 12.9",
+    ),
+    Rule(
+        "flashinfer-aot-cover",
+        "error",
+        _fi_aot_cover,
+        "flashinfer AOT builds {have} but the stack targets {arch}, which would JIT at first use; add '{want}'",
+        "flashinfer 0.7.2 compilation_context.py _normalize_cuda_arch (sm_120 -> 12.0f on CUDA >= 12.9)",
+    ),
+    Rule(
+        "flashinfer-aot-build",
+        "error",
+        _fi_aot_build,
+        "flashinfer aot: {why}",
+        "flashinfer 0.7.2 aot.py compile_and_package_modules (nvcc from CUDA_HOME, sources from the package)",
     ),
     Rule(
         "torch-wheel",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,10 +67,31 @@ class Component(_Model):
         return "source" if self.source is not None else "wheel"
 
 
+class FlashinferAot(_Model):
+    """FlashInfer's own AOT build, run in the image: kernels compiled for `arches` land where its runtime loads them."""
+
+    # flashinfer's FLASHINFER_CUDA_ARCH_LIST words: "MAJOR.MINOR" with an optional a/f suffix (12.0f)
+    arches: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("arches")
+    @classmethod
+    def _arch_words(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for a in v:
+            if not re.fullmatch(r"\d{1,2}\.\d[af]?", a):
+                raise ValueError(
+                    f"flashinfer arch '{a}' must look like '12.0f', '10.0a' or '9.0' (as in FLASHINFER_CUDA_ARCH_LIST)"
+                )
+        return v
+
+
+class FlashinferComponent(Component):
+    aot: FlashinferAot | None = None
+
+
 class Components(_Model):
     torch: Component | None = None
     sgl_kernel: Component | None = None
-    flashinfer: Component | None = None
+    flashinfer: FlashinferComponent | None = None
     sglang: Component | None = None
 
     def items(self) -> list[tuple[str, Component]]:

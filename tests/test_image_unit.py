@@ -135,6 +135,22 @@ def test_parallelism(cpus: int, mem_gib: int, pin_jobs: int | None, pin_threads:
     assert (p.max_jobs, p.nvcc_threads) == want
 
 
+@pytest.mark.parametrize(
+    ("cpus", "mem_gib", "threads", "pin_jobs", "want"),
+    [
+        (2, 24, 1, None, 2),  # cores bound
+        (64, 32, 1, None, 4),  # memory bound: 32 GiB / 8 GiB per job (flashinfer's budget, not our 4)
+        (32, 256, 8, None, 4),  # 8 threads: 16 GiB a job fits 16 jobs, but jobs x threads stay within 32 cores
+        (64, 64, 6, None, 5),  # 6 threads: 12 GiB a job
+        (32, 256, 2, 6, 6),  # the spec pins MAX_JOBS
+        (1, 2, 1, None, 1),  # never zero
+    ],
+)
+def test_aot_jobs_follow_flashinfers_budget(cpus: int, mem_gib: int, threads: int, pin_jobs: int | None,
+                                           want: int) -> None:  # fmt: skip
+    assert context.aot_jobs(cpus, mem_gib << 30, nvcc_threads=threads, max_jobs=pin_jobs) == want
+
+
 def test_download_deps_argv_targets_the_image_python() -> None:
     argv = context.download_deps_argv("3.11", Path("/r.txt"), Path("/d"))
     assert argv[:5] == ["python3", "-m", "pip", "download", "--quiet"]

@@ -136,3 +136,37 @@ def test_fatbin_reading_agrees_with_nvidia_cuobjdump(tmp_path: Path, monkeypatch
                 out = subprocess.run([str(cuobjdump), flag, str(so)], capture_output=True, text=True).stdout
                 dest.update(int(a) for a in re.findall(r"sm_(\d+)", out))
     assert theirs[0] and ours == theirs
+
+
+def test_the_aot_driver_fits_the_real_flashinfer_wheel() -> None:
+    """templates/flashinfer_aot.py relies on flashinfer-python 0.7.2's own code: read it from the wheel (65 MB)."""
+    import importlib.util
+    import re
+    import zipfile
+
+    spec = importlib.util.spec_from_file_location(
+        "fi_aot", Path(__file__).parents[1] / "templates" / "flashinfer_aot.py"
+    )
+    assert spec is not None and spec.loader is not None
+    driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(driver)
+    with zipfile.ZipFile(wheels.fetch(_pinned("flashinfer-python", "0.7.2", SMALL))) as z:
+        names = set(z.namelist())
+        aot = z.read("flashinfer/aot.py").decode()
+        env = z.read("flashinfer/jit/env.py").decode()
+    assert re.search(
+        r"def compile_and_package_modules\(\s*out_dir[^,]*,\s*build_dir[^,]*,\s*project_root[^,]*,\s*config[^,]*,"
+        r"\s*verbose[^,]*,\s*skip_prebuilt",
+        aot,
+    )
+    # every tree it reads from project_root is one the driver links, to a tree the wheel ships
+    read = {"/".join(p) for p in re.findall(r'project_root / "(\w+)"(?: / "(\w+)")?', aot)}
+    read = {r.rstrip("/") for r in read}
+    assert read and read <= set(driver.LAYOUT)
+    for tree in driver.LAYOUT.values():
+        assert any(n.startswith(f"flashinfer/data/{tree}/") for n in names), tree
+    assert 'out_dir / jit_spec.name / f"{jit_spec.name}.so"' in aot
+    # and the runtime loads NAME/NAME.so from <package>/data/aot first
+    assert 'FLASHINFER_AOT_DIR: pathlib.Path = _package_root / "data" / "aot"' in env
+    assert 'fallback_path = FLASHINFER_AOT_DIR / module_name / f"{module_name}.so"' in env
+    assert 'FLASHINFER_DATA: pathlib.Path = _package_root / "data"' in env

@@ -32,6 +32,8 @@ def test_rendered_files_match_golden(name: str, variant: str | None) -> None:
     if name != "sim":
         assert files.pop("requirements.lock") == (ROOT / "stacks" / "locks" / f"{name}.txt").read_text()
         assert files.pop("verify_image.py") == (ROOT / "templates" / "verify_image.py").read_text()
+        if "flashinfer_aot.py" in files:
+            assert files.pop("flashinfer_aot.py") == (ROOT / "templates" / "flashinfer_aot.py").read_text()
     base = GOLDEN / (f"{name}-{variant}" if variant else name)
     if os.environ.get("STACKBUILD_UPDATE_GOLDEN"):
         shutil.rmtree(base, ignore_errors=True)
@@ -239,6 +241,7 @@ def test_render_out_writes_every_file(tmp_path: Path, capsys: pytest.CaptureFixt
     assert rc == 0
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == [
         "Dockerfile",
+        "flashinfer_aot.py",
         "requirements.lock",
         "stack.lock.json",
         "units/sglang.service",

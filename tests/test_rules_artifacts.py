@@ -37,8 +37,8 @@ def test_presence_tested_env_and_a_flashinfer_build_that_compiles_nothing(
     assert rc == 2
     assert err == [
         "stacks/s.yaml:9:5: warning: a flashinfer 0.7.2 source build compiles no CUDA (the wheel is the same "
-        "py3-none-any as PyPI's); drop source:, kernels come from the JIT cache or flashinfer's AOT "
-        "jit-cache/cubin wheels [flashinfer-source-noop]",
+        "py3-none-any as PyPI's); drop source:, and for kernels in the image set components.flashinfer.aot: "
+        "{arches: [...]} [flashinfer-source-noop]",
         "stacks/s.yaml:12:13: error: FLASHINFER_DISABLE_JIT is set: flashinfer 0.7.2 tests it for presence: any "
         'value, "0" too, disables the JIT; remove it to keep the default [env-presence-bool]',
     ]

@@ -149,10 +149,7 @@ def _plan(
     repo = target or "stackbuild"
     ref = image_ref(stack, digest, repo)
     dockerfile = rendered.files["Dockerfile"]
-    build_args: dict[str, str] = {}
-    if "ARG MAX_JOBS" in dockerfile:
-        par = context.machine_parallelism(stack.build.max_jobs, stack.build.nvcc_threads)
-        build_args = {"MAX_JOBS": str(par.max_jobs), "NVCC_THREADS": str(par.nvcc_threads)}
+    build_args = context.build_args(dockerfile, stack, *context.machine())
     builder = buildkit.find_builder()
     cache_ref = f"{target}:buildcache-{stack.label}" if target else None
     request = buildkit.BuildRequest(

@@ -60,10 +60,36 @@ def parallelism(cpus: int, mem_bytes: int, *, max_jobs: int | None, nvcc_threads
     return Parallelism(jobs, threads)
 
 
-def machine_parallelism(max_jobs: int | None, nvcc_threads: int | None) -> Parallelism:
+def aot_jobs(cpus: int, mem_bytes: int, *, nvcc_threads: int, max_jobs: int | None) -> int:
+    """Jobs for FlashInfer's AOT build by FlashInfer's own budget (pure), unless the spec pins MAX_JOBS.
+
+    Its jit-cache build gives each job max(8, 2 x nvcc threads) GB and keeps jobs x threads within
+    the cores (scripts/jit_cache_build_common.sh, compute_jit_cache_parallelism): its CUTLASS GEMM
+    and MoE modules need about twice what `parallelism` budgets per translation unit.
+    """
+    if max_jobs:
+        return max_jobs
+    per_job = max(8, 2 * nvcc_threads) << 30
+    jobs = max(1, min(cpus, mem_bytes // per_job))
+    return jobs if jobs * nvcc_threads <= cpus else max(1, cpus // nvcc_threads)
+
+
+def build_args(dockerfile: str, stack: Stack, cpus: int, mem_bytes: int) -> dict[str, str]:
+    """The parallelism build args the Dockerfile declares, from the machine unless the spec pins them (pure)."""
+    if "ARG MAX_JOBS" not in dockerfile:
+        return {}
+    b = stack.build
+    par = parallelism(cpus, mem_bytes, max_jobs=b.max_jobs, nvcc_threads=b.nvcc_threads)
+    out = {"MAX_JOBS": str(par.max_jobs), "NVCC_THREADS": str(par.nvcc_threads)}
+    if "ARG AOT_MAX_JOBS" in dockerfile:
+        out["AOT_MAX_JOBS"] = str(aot_jobs(cpus, mem_bytes, nvcc_threads=par.nvcc_threads, max_jobs=b.max_jobs))
+    return out
+
+
+def machine() -> tuple[int, int]:
+    """(usable cores, physical memory in bytes) of the build machine."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return parallelism(cpus, mem, max_jobs=max_jobs, nvcc_threads=nvcc_threads)
+    return cpus, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 # --- wheelhouse ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ printed; the runner only collects that output through the engine module.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import socket
@@ -22,6 +23,7 @@ from typing import Any
 from builder import __version__
 from builder.errors import InfraError
 from builder.image import engine
+from builder.lock.render_ctx import aot_dir, flashinfer_aot
 from builder.render import server_argv
 from builder.spec import Stack
 
@@ -119,6 +121,43 @@ def flags_missing(help_text: str, flags: list[str]) -> list[str]:
     return [f for f in flags if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", help_text)]
 
 
+# Run in the image after builder.lock.fatbin's own source: every AOT module and the GPU code it carries.
+AOT_SCAN = (
+    "\nimport json, pathlib, sys\n"
+    "for so in sorted(pathlib.Path(sys.argv[1]).glob('*/*.so')):\n"
+    "    with open(so, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:\n"
+    "        code = parse_fatbin(m)\n"
+    "    print('AOTMOD ' + json.dumps([so.parent.name, sorted(code.sass), sorted(code.ptx)]))\n"
+)
+
+
+def aot_scan_argv(aot_dir: str) -> list[str]:
+    """python -c (fatbin reader + scan) AOT_DIR: the reader is ours, stdlib only, so no pyelftools in the image."""
+    from builder.lock import fatbin
+
+    return ["python3", "-c", inspect.getsource(fatbin) + AOT_SCAN, aot_dir]
+
+
+def aot_problems(output: str, targets: list[int], aot_dir: str) -> tuple[list[str], str]:
+    """(problems, summary) from the scan: no modules, or modules with no kernel a target GPU can run (pure)."""
+    from builder.lock.audit import arch_name, code_covers
+
+    mods = [json.loads(ln.removeprefix("AOTMOD ")) for ln in output.splitlines() if ln.startswith("AOTMOD ")]
+    if not mods:
+        return [f"no FlashInfer AOT modules in {aot_dir}: the first start would JIT-compile them"], ""
+    problems = []
+    for t in targets:
+        bad = [name for name, sass, ptx in mods if not code_covers(sass, ptx, t)]
+        if bad:
+            shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            problems.append(f"{len(bad)} of {len(mods)} FlashInfer AOT modules carry no {arch_name(t)} kernel: {shown}")
+    gpu = sum(1 for _, sass, ptx in mods if sass or ptx)
+    have = sorted({a for _, sass, _ in mods for a in sass})
+    sass = ", ".join(map(arch_name, have)) or "none"
+    summary = f"{len(mods)} FlashInfer AOT modules ({gpu} with GPU code; SASS {sass})"
+    return problems, summary
+
+
 def patch_check_command(patch_names: list[str]) -> list[str]:
     """A patch is installed iff it reverse-applies cleanly to the installed sources."""
     site = "$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
@@ -178,6 +217,21 @@ def _sglang_checks(c: Any, image: str, stack: Stack, done: list[str]) -> list[st
         problems.append(f"sglang's parser refused the rendered flags: {out.strip()[-300:]}")
     else:
         done.append(f"sglang's parser accepts {len(spec_flags(stack))} server flags")
+    if flashinfer_aot(stack):
+        problems += _aot_check(c, image, stack, done)
+    return problems
+
+
+def _aot_check(c: Any, image: str, stack: Stack, done: list[str]) -> list[str]:
+    from builder.lock.audit import arch_number
+
+    where = aot_dir(stack)
+    rc, out = engine.run_once(c, image, aot_scan_argv(where))
+    if rc != 0:
+        return [f"reading the FlashInfer AOT modules failed: {out.strip()[-300:]}"]
+    targets = [n for a in stack.arches if (n := arch_number(a)) is not None]
+    problems, summary = aot_problems(out, targets, where)
+    done += [] if problems else [summary]
     return problems
 
 

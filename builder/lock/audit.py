@@ -13,7 +13,7 @@ import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -138,11 +138,16 @@ def arch_name(n: int) -> str:
 
 
 def covers(a: WheelAudit, target: int) -> bool:
+    return code_covers(a.sass, a.ptx, target)
+
+
+def code_covers(sass: Iterable[int], ptx: Iterable[int], target: int) -> bool:
     """SASS for the target (or an earlier minor of its major: binary compatible) or PTX at or below it."""
-    if not a.sass and not a.ptx:
-        return True  # no GPU code in this wheel: nothing to run
+    sass, ptx = set(sass), set(ptx)
+    if not sass and not ptx:
+        return True  # no GPU code here: nothing to run
     major = target // 10
-    return any(s // 10 == major and s <= target for s in a.sass) or any(p <= target for p in a.ptx)
+    return any(s // 10 == major and s <= target for s in sass) or any(p <= target for p in ptx)
 
 
 def arch_number(arch: str) -> int | None:

@@ -1,7 +1,7 @@
 """Read what a shared object links (ELF DT_NEEDED) and which GPU code it carries (`.nv_fatbin`).
 
 ELF goes through pyelftools. The fat binary container is read by hand from its
-little-endian headers (no payload is decompressed):
+little-endian headers (builder.lock.fatbin; no payload is decompressed):
 
     container: u32 magic 0xBA55ED50 | u16 version | u16 header size (16) | u64 size of the entries
     entry:     u16 kind (1 PTX, 2 ELF/SASS) | u16 | u32 entry header size | u64 payload size
@@ -18,8 +18,7 @@ Most libraries keep them in `.nv_fatbin`; some embed them as plain large data
 from __future__ import annotations
 
 import mmap
-import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -27,47 +26,10 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-MAGIC = 0xBA55ED50
-_MAGIC_BYTES = struct.pack("<I", MAGIC)
-_HDR = struct.Struct("<IHHQ")
-_ENTRY = struct.Struct("<HHIQIIHHI")
-KIND_PTX, KIND_SASS = 1, 2
+from builder.lock.fatbin import GpuCode as GpuCode  # re-exported: the audit's callers read it from here
+from builder.lock.fatbin import parse_fatbin as parse_fatbin
+
 FATBIN_SECTIONS = (".nv_fatbin", ".ldata", ".lrodata")
-
-
-@dataclass
-class GpuCode:
-    sass: set[int] = field(default_factory=set)  # arch numbers with SASS (120 = sm_120)
-    ptx: set[int] = field(default_factory=set)  # arch numbers with PTX (JIT-able on >= that arch)
-
-    def merge(self, other: GpuCode) -> None:
-        self.sass |= other.sass
-        self.ptx |= other.ptx
-
-
-def parse_fatbin(buf: bytes | mmap.mmap, start: int = 0, end: int | None = None) -> GpuCode:
-    """Every container in buf[start:end]; a truncated or foreign tail stops the walk, not the audit."""
-    end = len(buf) if end is None else end
-    code = GpuCode()
-    pos = buf.find(_MAGIC_BYTES, start, end)
-    while pos >= 0 and pos + _HDR.size <= end:
-        _, version, hsize, fat_size = _HDR.unpack_from(buf, pos)
-        if version != 1 or hsize != _HDR.size:
-            pos = buf.find(_MAGIC_BYTES, pos + 1, end)
-            continue
-        stop = min(pos + hsize + fat_size, end)
-        e = pos + hsize
-        while e + _ENTRY.size <= stop:
-            kind, _, ehsize, payload, _, _, _, _, arch = _ENTRY.unpack_from(buf, e)
-            if ehsize < _ENTRY.size or ehsize > 4096 or kind not in (KIND_PTX, KIND_SASS, 4):
-                break
-            if kind == KIND_PTX:
-                code.ptx.add(arch)
-            elif kind == KIND_SASS:
-                code.sass.add(arch)
-            e += ehsize + payload
-        pos = buf.find(_MAGIC_BYTES, max(stop, pos + 1), end)
-    return code
 
 
 @dataclass

@@ -34,10 +34,23 @@ def torch_cuda(stack: Stack, text: str | None) -> str:
     return str(stack.cuda_mm[0]) if stack.cuda_mm else "none"
 
 
+def aot_dir(stack: Stack) -> str:
+    """Where the installed flashinfer loads AOT modules from: <package>/data/aot (flashinfer 0.7.2 jit/env.py:238)."""
+    return f"/opt/venv/lib/python{stack.python}/site-packages/flashinfer/data/aot"
+
+
+def flashinfer_aot(stack: Stack) -> dict[str, str] | None:
+    c = stack.components.flashinfer
+    if c is None or c.aot is None:
+        return None
+    return {"arches": " ".join(c.aot.arches), "dir": aot_dir(stack)}
+
+
 def context(stack: Stack) -> dict[str, Any]:
     text = lock_text(stack)
     builds = [(n, c) for n, c in stack.components.items() if c.source is not None]
     return {
+        "flashinfer_aot": flashinfer_aot(stack),
         "source_builds": builds,
         "build_tools": {n: [f'"{t}"' for t in BUILD_TOOLS.get(n, ())] or ['"setuptools==75.6.0"'] for n, _ in builds},
         "source_subdir": {n: SOURCE_SUBDIR.get(n, "") for n, _ in builds},
@@ -46,12 +59,15 @@ def context(stack: Stack) -> dict[str, Any]:
 
 
 def files(stack: Stack) -> dict[str, str]:
-    """requirements.lock (the committed lock, or a line saying none was made) and the image's verifier."""
+    """requirements.lock (the committed lock, or a line saying none was made), the image's verifier, the AOT driver."""
     text = lock_text(stack)
     if text is None:
         text = f"# no lock: run `{lock_command(stack)}`\n"
     verify = (templates_dir() / "verify_image.py").read_text(encoding="utf-8")
-    return {"requirements.lock": text, "verify_image.py": verify}
+    out = {"requirements.lock": text, "verify_image.py": verify}
+    if flashinfer_aot(stack):
+        out["flashinfer_aot.py"] = (templates_dir() / "flashinfer_aot.py").read_text(encoding="utf-8")
+    return out
 
 
 def digest(stack: Stack) -> str:
