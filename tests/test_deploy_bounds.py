@@ -57,3 +57,10 @@ def test_switch_is_one_oneshot_unit_the_host_finishes() -> None:
         "[Unit]\nDescription=stackbuild switch\n\n"
         '[Service]\nType=oneshot\nExecStart=/bin/sh /st/switch.sh s-candidate.service /u/s.service "a b%%"\n'
     )
+
+
+def test_prestart_noise_dropped_from_crash_logs() -> None:
+    from builder.host.units import without_prestart_noise
+
+    logs = "== journalctl -u s\nError: No such container: s\nsim: fault\nError: No such container: other\n"
+    assert without_prestart_noise(logs, "s") == "== journalctl -u s\nsim: fault\nError: No such container: other\n"

@@ -54,6 +54,9 @@ def ssh_options(f: Any) -> Any:
 def _ssh_opts(accept_new: bool, known_hosts: Path | None, identity: str | None, connect_timeout: float) -> Any:
     from builder.host.ssh import SshOptions
 
+    if identity and not Path(identity).expanduser().is_file():
+        raise InputError(f"--identity {identity}: no such key file; pass the path of your private key")
+
     return SshOptions(
         connect_timeout_s=connect_timeout,
         accept_new_host_key=accept_new,
@@ -198,7 +201,7 @@ def deploy_cmd(
 
 @click.command("status")
 @ssh_options
-@click.option("--service", default="sglang", show_default=True, help="Service name on the host.")
+@click.option("--service", default=None, help="Service name on the host (default: the only one it has).")
 @click.option("--state-dir", default="/var/lib/stackbuild", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the host state as JSON.")
 @click.option("--fleet", "fleet_stack", metavar="STACK", default=None,
@@ -216,7 +219,7 @@ def status_cmd(
     known_hosts: Path | None,
     identity: str | None,
     connect_timeout: float,
-    service: str,
+    service: str | None,
     state_dir: str,
     as_json: bool,
     fleet_stack: str | None,
@@ -236,7 +239,7 @@ def status_cmd(
     address = parse_host(_need_host(host_text))
     remote = connect(address, _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout))
     try:
-        st = status(remote, HostPaths(state_dir, service))
+        st = status(remote, HostPaths(state_dir, service or _only_service(remote, state_dir)))
     finally:
         remote.close()
     click.echo(st.state.model_dump_json(indent=2) if as_json else st.render(str(address)))
@@ -244,7 +247,7 @@ def status_cmd(
 
 @click.command("rollback")
 @ssh_options
-@click.option("--service", default="sglang", show_default=True, help="Service name on the host.")
+@click.option("--service", default=None, help="Service name on the host (default: the only one it has).")
 @click.option("--state-dir", default="/var/lib/stackbuild", show_default=True)
 @click.option(
     "--timeout",
@@ -262,7 +265,7 @@ def rollback_cmd(
     known_hosts: Path | None,
     identity: str | None,
     connect_timeout: float,
-    service: str,
+    service: str | None,
     state_dir: str,
     timeout_s: float,
     tunnel: bool | None,
@@ -279,6 +282,11 @@ def rollback_cmd(
     address = parse_host(_need_host(host_text))
     real = connect(address, _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout))
     remote: Any = DryRunRemote(str(address), reader=real, echo=click.echo) if dry_run else real
+    try:
+        service = service or _only_service(real, state_dir)
+    except BaseException:
+        real.close()
+        raise
     rep = DeployReport(host=str(address), service=service, stack="-", image="-", strategy="rollback")
     try:
         conv = Converger(
@@ -324,6 +332,20 @@ def _validate_fully(stack: Any) -> None:
             click.echo(str(f), err=True)
     if errors := [f for f in findings if f.severity == "error"]:
         raise SpecError(errors)
+
+
+def _only_service(remote: Any, state_dir: str) -> str:
+    """The service to act on when --service is not given: the one the host has state for."""
+    from builder.host.ssh import sh_argv
+
+    res = remote.run(sh_argv('ls -1 "$1" 2>/dev/null', state_dir), check=False, what="list services",
+                     changes=False)
+    found: list[str] = sorted(str(n) for n in res.stdout.split() if n)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise InputError(f"{remote.address}: no stackbuild service under {state_dir}; nothing deployed there yet")
+    raise InputError(f"{remote.address} has several services ({', '.join(found)}); pass --service NAME")
 
 
 def _need_host(host_text: str | None) -> str:

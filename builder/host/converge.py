@@ -18,11 +18,12 @@ from builder.errors import InfraError, InputError
 from builder.host import secrets, units
 from builder.host.ready import Probes, wait_ready
 from builder.host.report import DeployReport
-from builder.host.ssh import Remote
+from builder.host.ssh import Remote, sh_argv
 from builder.host.state import (
     HostLock,
     HostPaths,
     HostState,
+    LockOwner,
     Pending,
     me,
     now_iso,
@@ -164,6 +165,7 @@ class HostStatus:
     state: HostState
     active: bool
     running_image: str | None
+    lock_owner: str | None = None  # the host lock's owner.json, when a lock is held
 
     def render(self, address: str) -> str:
         s = self.state
@@ -185,6 +187,10 @@ class HostStatus:
                 f"  last deploy: {s.last_verdict} of {s.last_image} at {s.last_at}"
                 + (f": {s.last_cause}" if s.last_cause else "")
             )
+        if self.lock_owner is not None:
+            owner = LockOwner.from_json(self.lock_owner)
+            who = owner.describe(time.time()) if owner else "an owner that wrote no name"
+            lines.append(f"  LOCKED: {who}")
         if s.pending:
             lines.append(
                 f"  PENDING: interrupted {s.pending.op} of {s.pending.image} since "
@@ -202,4 +208,10 @@ def status(remote: Remote, paths: HostPaths) -> HostStatus:
         what="inspect the container",
         changes=False,
     )
-    return HostStatus(state, active, img.stdout.strip() if img.ok else None)
+    lock = remote.run(
+        sh_argv('[ -d "$1" ] && cat "$1/owner.json" 2>/dev/null; [ -d "$1" ]', paths.lock_dir),
+        check=False,
+        what="read the host lock",
+        changes=False,
+    )
+    return HostStatus(state, active, img.stdout.strip() if img.ok else None, lock.stdout.strip() if lock.ok else None)

@@ -162,7 +162,14 @@ ACQUIRE_SCRIPT = (
     "fi\n"
     'cat "$1/owner.json" 2>/dev/null; exit 3'
 )
-BREAK_SCRIPT = '[ "$(cat "$1/owner.json" 2>/dev/null)" = "$2" ] && mv "$1" "$1.stale.$3"'
+# Keeps the last broken lock for a look, and only that one: stale dirs must not pile up.
+BREAK_SCRIPT = (
+    '[ "$(cat "$1/owner.json" 2>/dev/null)" = "$2" ] && rm -rf "$1".stale.* && mv "$1" "$1.stale.$3"'
+)
+# Seconds since the lock dir was made (for an owner file still empty: the writer died in between).
+LOCK_AGE_SCRIPT = 'echo $(( $(date +%s) - $(stat -c %Y "$1") ))'
+# Writing owner.json takes milliseconds; a lock with none after this long lost its writer.
+EMPTY_OWNER_STALE_S = 60.0
 RELEASE_SCRIPT = (
     '[ ! -d "$1" ] || { [ "$(cat "$1/owner.json" 2>/dev/null)" = "$2" ] && rm -rf "$1"; }'
 )
@@ -245,6 +252,12 @@ class HostLock:
         self.remote, self.paths, self.owner, self.ttl_s = remote, paths, owner, ttl_s
         self.broke: LockOwner | None = None
 
+    def _empty_owner_age(self) -> float:
+        res = self.remote.run(sh_argv(LOCK_AGE_SCRIPT, self.paths.lock_dir), check=False, what="lock age",
+                              changes=False)
+        text = res.stdout.strip()
+        return float(text) if res.ok and text.lstrip("-").isdigit() else 0.0
+
     def __enter__(self) -> HostLock:
         for _ in range(2):
             res = self.remote.run(
@@ -263,6 +276,12 @@ class HostLock:
                 )
             holder = LockOwner.from_json(res.stdout)
             now = time.time()
+            if holder is None and self._empty_owner_age() > EMPTY_OWNER_STALE_S:
+                holder = LockOwner("?", 0, 0.0, "a lock with no owner written")
+                self.remote.run(sh_argv(BREAK_SCRIPT, self.paths.lock_dir, res.stdout, str(int(now))), check=False,
+                                what="break the ownerless host lock")
+                self.broke = holder
+                continue
             if not is_stale(holder, now=now, ttl_s=self.ttl_s, local_host=socket.gethostname(),
                             own_pid=os.getpid()):
                 who = holder.describe(now) if holder else "an owner still writing its name"

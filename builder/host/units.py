@@ -22,7 +22,9 @@ REMOVE_SCRIPT = (
 LOGS_SCRIPT = (
     'echo "== journalctl -u $1"; '
     'journalctl -u "$1" --since "@$3" --no-pager -o cat 2>&1 | tail -n 400; '
-    'echo "== docker logs $2"; docker logs --since "$3" "$2" 2>&1 | tail -n 400; true'
+    # the unit runs the container with --rm: once it exited, the journal above has its output
+    'if docker inspect "$2" >/dev/null 2>&1; then echo "== docker logs $2"; '
+    'docker logs --since "$3" "$2" 2>&1 | tail -n 400; fi; true'
 )
 # The side-by-side switch as one host-side transaction: candidate unit removed, main unit
 # stopped, the new main unit installed and started. Run by systemd (systemd-run), so the host
@@ -145,7 +147,13 @@ def logs_since(remote: Remote, unit: str, container: str, since_epoch: int) -> s
         what="capture logs",
         changes=False,
     )
-    return res.stdout
+    return without_prestart_noise(res.stdout, container)
+
+
+def without_prestart_noise(logs: str, container: str) -> str:
+    """Drop the unit's own ExecStartPre `docker rm --force` complaint: no container is the normal case."""
+    noise = f"Error: No such container: {container}"
+    return "\n".join(ln for ln in logs.split("\n") if ln.strip() != noise)
 
 
 def ensure_image(remote: Remote, image: str, timeout: float) -> bool:

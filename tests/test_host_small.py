@@ -1,0 +1,90 @@
+"""Issue 10, item 10, on the real host: ownerless locks go stale, status shows a held lock,
+broken locks do not pile up, status finds the service, a missing key file is named, and a
+crash report carries no `docker logs` noise for the container the unit removed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_deploy_support import (
+    HostBox,
+    Project,
+    SimImage,
+    cleanup_project,
+    deploy_host,  # noqa: F401  (fixture)
+    make_project,
+    sim_image,  # noqa: F401  (fixture)
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+    p = make_project(deploy_host, sim_image, tmp_path_factory.mktemp("small"))
+    try:
+        r = p.deploy()
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield p
+    finally:
+        cleanup_project(p)
+
+
+def _cli(p: Project, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "builder", args[0], *p.host.ssh_args(), *args[1:]]  # ours win
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_ownerless_lock_goes_stale_and_broken_locks_do_not_pile_up(project: Project) -> None:
+    p = project
+    lock = f"/var/lib/stackbuild/{p.service}/lock"
+    for _ in range(2):
+        p.host.sh(f"mkdir -p {lock} && : > {lock}/owner.json && touch -d '-120 seconds' {lock}")
+        s = _cli(p, "status", "--service", p.service)
+        assert "LOCKED: an owner that wrote no name" in s.stdout, s.stdout + s.stderr
+        r = p.deploy("good2")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "broke a stale lock (a lock with no owner written)" in r.stdout
+    stale = p.host.sh(f"ls -d /var/lib/stackbuild/{p.service}/lock.stale.*").stdout.split()
+    assert len(stale) == 1, stale
+
+
+def test_status_shows_a_held_lock(project: Project) -> None:
+    p = project
+    lock = f"/var/lib/stackbuild/{p.service}/lock"
+    owner = '{"host": "elsewhere", "pid": 7, "started": 1, "what": "deploy other"}'
+    p.host.sh(f"mkdir -p {lock} && printf '%s' '{owner}' > {lock}/owner.json")
+    try:
+        s = _cli(p, "status", "--service", p.service)
+        assert "LOCKED: deploy other by pid 7 on elsewhere" in s.stdout, s.stdout + s.stderr
+    finally:
+        p.host.sh(f"rm -rf {lock}")
+    assert "LOCKED" not in _cli(p, "status", "--service", p.service).stdout
+
+
+def test_status_finds_the_one_service_or_asks(project: Project) -> None:
+    p = project
+    p.host.sh("rm -rf /tmp/sb-sd1 /tmp/sb-sd2 && mkdir -p /tmp/sb-sd1/alpha /tmp/sb-sd2/alpha /tmp/sb-sd2/beta")
+    one = _cli(p, "status", "--state-dir", "/tmp/sb-sd1")
+    assert one.returncode == 0 and " alpha: NOT active" in one.stdout, one.stdout + one.stderr
+    two = _cli(p, "status", "--state-dir", "/tmp/sb-sd2")
+    assert two.returncode == 2 and "several services (alpha, beta); pass --service NAME" in two.stderr
+    none = _cli(p, "rollback", "--state-dir", "/tmp/sb-sd-none")
+    assert none.returncode == 2 and "no stackbuild service under /tmp/sb-sd-none" in none.stderr
+
+
+def test_missing_identity_file_is_named(project: Project, tmp_path: Path) -> None:
+    r = _cli(project, "status", "--service", project.service, "--identity", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "--identity" in r.stderr and "no such key file" in r.stderr
+
+
+def test_crash_report_has_no_docker_logs_noise(project: Project) -> None:
+    r = project.deploy("crash")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "No such container" not in out and "crash signature: no-kernel-image" in out
