@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from builder.gate.profile import BUILTIN_PROFILES, GateProfile
-from builder.host.deploy import DeployRequest, hold_bound_s
+from builder.host.deploy import hold_bound_s
 from builder.host.report import DeployReport
+from builder.host.request import DeployRequest
 from builder.host.state import LockOwner, is_stale, me
 from builder.spec import Stack, load_stack
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from builder.gate.result import GateResult
 from builder.host.report import DeployReport
+from builder.host.request import DeployRequest, Services
 from builder.host.ssh import Remote
 from builder.host.state import HostPaths, HostState
-
-if TYPE_CHECKING:
-    from builder.host.deploy import DeployRequest, Services
 
 
 def verdict_of(result: GateResult, *, first: bool) -> str:

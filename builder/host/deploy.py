@@ -13,20 +13,15 @@ preflight, lock held), with nothing changed unless the report says so.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-
 from builder.errors import EXIT_INFRA, StackbuildError
-from builder.gate.profile import GateProfile
 from builder.gate.result import GateResult
 from builder.host import converge, secrets, units
 from builder.host.crash import classify
 from builder.host.decide import incumbent_result, verdict_of
 from builder.host.preflight import PreflightFailed, run_preflight
-from builder.host.ready import Probes, Readiness, wait_ready
+from builder.host.ready import Readiness, wait_ready
 from builder.host.report import DeployReport
+from builder.host.request import DeployRequest, Services
 from builder.host.ssh import ConnectionLost, Remote
 from builder.host.state import (
     HostLock,
@@ -44,40 +39,6 @@ from builder.spec import Stack
 
 CHANNEL_TRIES = 3
 CHANNEL_BACKOFF_S = 2.0
-
-GateFn = Callable[[str, GateProfile, str, GateResult | None], GateResult]
-
-
-@dataclass
-class DeployRequest:
-    stack: Stack
-    image: str  # pinned: REPO@sha256:...
-    digest: str
-    strategy: str
-    profile: GateProfile
-    secrets: dict[str, str] = field(default_factory=dict)
-    need_free_kib: int = 1024 * 1024
-    pull_timeout_s: float = 1800.0
-    lock_ttl_s: float = 4 * 3600.0
-
-
-@dataclass
-class Services:
-    """The effects beyond SSH, passed in so the flow stays one readable function."""
-
-    render_unit: Callable[..., str]
-    gate: GateFn
-    # base URL reaching the host's 127.0.0.1:PORT (direct on loopback, else an SSH tunnel)
-    endpoint: Callable[[int], AbstractContextManager[str]]
-    probes: Probes = field(default_factory=Probes)
-    promote_channel: Callable[[str], str] | None = None  # digest ref -> what moved
-    # how the gate reaches the server ("direct" | "tunnel"): results measured one
-    # way are not a baseline for the other (the tunnel costs throughput)
-    access: str = "direct"
-    echo: Callable[[str], None] = print
-    progress: Callable[[str], None] | None = None  # each step as it starts and ends
-    sleep: Callable[[float], None] = time.sleep
-
 
 def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
     stack = req.stack

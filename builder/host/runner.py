@@ -21,9 +21,10 @@ from typing import Any
 from builder.errors import EXIT_INFRA, InfraError, InputError, StackbuildError
 from builder.gate.profile import BUILTIN_PROFILES, GateProfile
 from builder.gate.result import GateResult
-from builder.host.deploy import DeployRequest, Services, deploy, recover
+from builder.host.deploy import deploy, recover
 from builder.host.dryrun import DryRunRemote
 from builder.host.report import DeployReport
+from builder.host.request import DeployRequest, Services
 from builder.host.ssh import HostAddress, SshOptions, connect, parse_host
 from builder.spec import Stack
 
