@@ -31,8 +31,10 @@ from test_deploy_support import (
 pytestmark = pytest.mark.integration
 
 # Generations per deploy are bounded: readiness 1 + gate readiness 1 + warmup 1 + max_runs 6 x C=4
-# + 3 probes = 30, so a server that dies after 40 passes its gate and fails under the soak's
-# synthetic traffic (one generation per sample; the soak ends at the first regression).
+# + 3 probes + output agreement (4 greedy prompts, then 4 teacher-forced) = 38 at most (26 when 3
+# runs decide), so a server that dies after 48 passes its gate and fails under the soak's
+# synthetic traffic (one generation per sample, about one sample a second over SSH: 30 s of soak
+# cover the at most 22 left; the soak ends at the first regression).
 SPEC = """\
 name: fleettest
 description: fleet integration tests (sim at high speed, tiny gate)
@@ -66,6 +68,7 @@ gate:
       max_runs: 6
       tolerance: 0.2
       timeout_s: 20
+      agreement_prompts: 4
 host:
   service: fleetsvc
   strategy: swap
@@ -75,7 +78,7 @@ host:
 variants:
   good2: {server: {flags: {--seed: 1}}}
   slower: {server: {flags: {--speed: 5}}}
-  dies: {server: {flags: {--fault: "die-after:40"}}}
+  dies: {server: {flags: {--fault: "die-after:48"}}}
 """
 
 
@@ -234,7 +237,7 @@ def test_unreachable_host_refuses_before_any_change(on_baseline: Fleet) -> None:
 
 def test_soak_regression_rolls_the_wave_back(on_baseline: Fleet) -> None:
     f = on_baseline
-    r = f.rollout("dies", "--soak", "15")
+    r = f.rollout("dies", "--soak", "30")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "soak: REGRESSED" in r.stdout
     assert f.releases() == ["fleettest"] * 3
