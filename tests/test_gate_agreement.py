@@ -92,3 +92,10 @@ def test_compare_tolerates_divergence_and_catches_low_likelihood() -> None:
     assert bad.reasons[2].startswith("agreement: e.g. prompt #1 diverges at token 0: incumbent ids [5, 6, 7, 8]")
     reference_run = compare([], wrong, [], min_first_token=0.75, max_drop=0.5)
     assert reference_run.passed and not reference_run.compared and reference_run.samples == tuple(wrong)
+
+
+def test_the_fast_path_gives_the_same_tokens() -> None:
+    state = lm.start(None, [7, 8, 9])
+    fast, none = lm.greedy(state, 200, logprobs=False)
+    full, lps = lm.greedy(state, 200)
+    assert fast == full and none == [] and len(lps) == 200

@@ -275,8 +275,8 @@ class SimServer:
             state = lm.start(p.text, None if p.ids is None else list(p.ids))
             limit = p.max_new_tokens if p.max_new_tokens is not None else \
                 CONTEXT_LEN - p.prompt_tokens
-            ids, lps = lm.greedy(state, limit, numerics,
-                                 stop=None if p.ignore_eos else STOP_ID)
+            ids, lps = lm.greedy(state, limit, numerics, stop=None if p.ignore_eos else STOP_ID,
+                                 logprobs=p.return_logprob)
         else:
             ids = greedy_ids(p.key, 4096 if p.max_new_tokens is None else p.max_new_tokens,
                              temperature=p.temperature, rid=p.rid)
