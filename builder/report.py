@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder import speculation
 from builder.gate.result import GateResult, LevelResult
 from builder.gate.stats import allowed
 from builder.ledger import BuildRecord, DeployRecord, GateRecord, Ledger
@@ -244,6 +245,9 @@ def conclude(group: Group, results: dict[str, GateResult]) -> list[str]:
         if name == ref or not _speculative(res):
             continue
         out.append(_speculation_claim(name, res, results[ref], ref))
+        said = speculation.policy(name, res, ref, results[ref])
+        if said:
+            out.append(said)
     return out
 
 

@@ -92,3 +92,26 @@ def test_compare_tolerates_divergence_and_catches_low_likelihood() -> None:
     assert bad.reasons[2].startswith("agreement: e.g. prompt #1 diverges at token 0: incumbent ids [5, 6, 7, 8]")
     reference_run = compare([], wrong, [], min_first_token=0.75, max_drop=0.5)
     assert reference_run.passed and not reference_run.compared and reference_run.samples == tuple(wrong)
+
+
+def test_the_fast_path_gives_the_same_tokens() -> None:
+    state = lm.start(None, [7, 8, 9])
+    fast, none = lm.greedy(state, 200, logprobs=False)
+    full, lps = lm.greedy(state, 200)
+    assert fast == full and none == [] and len(lps) == 200
+
+
+def test_junit_has_an_agreement_case_that_fails_with_its_reasons() -> None:
+    import xml.etree.ElementTree as ET
+
+    from test_gate_stats import _result
+
+    from builder.gate.report import junit_xml
+
+    ref = [_s(1, [1, 2], -0.3)]
+    bad = compare(ref, [_s(1, [7, 7], -0.3)], [-8.0], min_first_token=0.75, max_drop=0.5)
+    suite = ET.fromstring(junit_xml(_result().model_copy(update={"agreement": bad})))
+    case = next(c for c in suite if c.get("name") == "agreement")
+    failure = case.find("failure")
+    assert failure is not None and failure.get("type") == "agreement"
+    assert "drop 7.70, allowed 0.5" in (failure.text or "")

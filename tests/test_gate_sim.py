@@ -39,7 +39,7 @@ def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert 3 <= len(lv["runs"]) <= 5
     assert f"| 30 | {len(lv['runs'])} |" in out and "PASS" in out
     suite = ET.parse(tmp_path / "r.xml").getroot()
-    assert suite.get("failures") == "0" and suite.get("tests") == "3"
+    assert suite.get("failures") == "0" and suite.get("tests") == "4"  # C=30, probe, agreement, bars
 
 
 def test_slower_candidate_fails(capsys: pytest.CaptureFixture[str]) -> None:

@@ -84,7 +84,7 @@ def test_traffic_command_samples_a_loaded_server(tmp_path: Path,
 
     from builder.sim.process import sim
 
-    with sim("--speed", "0.5") as s:
+    with sim("--speed", "0.5", "--enable-metrics") as s:
         body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 400}}
         def hold() -> None:
             with contextlib.suppress(OSError):  # cut when the simulator stops

@@ -91,6 +91,7 @@ def test_server_argv_for_sglang_and_sim() -> None:
         "20",
         "--warmup-s",
         "1",
+        "--enable-metrics",
         "--fault",
         "slow:2",
     ]

@@ -149,3 +149,25 @@ def test_openai_routes() -> None:
             "messages": [{"role": "user", "content": "hi"}], "temperature": 0})
         msg = json.loads(raw)
         assert status == 200 and msg["choices"][0]["finish_reason"] == "stop"
+
+
+def test_metrics_only_when_enabled_with_sglangs_labels_and_server_info() -> None:
+    with sim("--speed", "20") as s:
+        # entrypoints/http_server.py:314: the Prometheus app is mounted only with --enable-metrics
+        assert http(s.url + "/metrics")[0] == 404
+        info = json.loads(http(s.url + "/server_info")[1])
+        # utils/common.py:3589-3590: server args resolved, plus launch_command
+        assert "launch_command" in info and "cuda_graph_max_bs_decode" in info
+        assert "cuda_graph_max_bs" not in info
+        # http_server.py:879-893: internal_states per DP, version, frontend
+        state = info["internal_states"][0]
+        assert {"effective_max_running_requests_per_dp", "memory_usage"} <= set(state)
+        assert (info["version"], info["frontend"]) == ("0.5.23", "python")
+    with sim("--speed", "20", "--enable-metrics", "--served-model-name", "m") as s:
+        text = http(s.url + "/metrics")[1].decode()
+        # observability/metrics_collector.py:1382-1388: scheduler gauges carry engine_type
+        # and the tp/pp/moe_ep ranks; :1807-1811: tokenizer metrics carry engine_type
+        assert ('sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0",'
+                'pp_rank="0",moe_ep_rank="0"}') in text
+        assert 'sglang:time_to_first_token_seconds_bucket{model_name="m",engine_type="unified"' \
+            in text

@@ -35,7 +35,8 @@ def test_lifecycle_warmup_then_ready_then_sigterm() -> None:
 
 
 def test_streaming_shapes_and_usage() -> None:
-    with sim("--speed", "50", "--profile", "eagle3-topk1-v2", "--served-model-name", "m1") as s:
+    with sim("--speed", "50", "--profile", "eagle3-topk1-v2", "--served-model-name", "m1",
+             "--enable-metrics") as s:
         assert http(s.url + "/sim/stats/reset", {}, method="POST")[0] == 200
         status, raw = http(s.url + "/v1/completions", {
             "prompt": [11, 12, 13], "max_tokens": 20, "temperature": 0, "ignore_eos": True,
@@ -88,7 +89,7 @@ def test_streaming_shapes_and_usage() -> None:
         for name in ("sglang:num_running_reqs", "sglang:gen_throughput",
                      "sglang:spec_accept_length", "sglang:generation_tokens_total",
                      "sglang:time_to_first_token_seconds_bucket"):
-            assert f'{name}{{model_name="m1"' in metrics
+            assert f'{name}{{model_name="m1",engine_type="unified"' in metrics
         stats = json.loads(http(s.url + "/sim/stats")[1])
         assert stats["output_tokens"] == 65 and stats["requests"] == 4
 

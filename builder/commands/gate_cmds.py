@@ -29,9 +29,12 @@ from builder.errors import InputError
 @click.option("--served-model-name", default=None)
 @click.option("--max-running-requests", default=None, type=click.IntRange(min=1),
               help="cap on running requests, as in sglang (default: 48 with speculation, else 1024)")
+@click.option("--enable-metrics", is_flag=True,
+              help="serve /metrics (Prometheus), as sglang does only with this flag")
 def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
             warmup_s: float, load_s: float, seed: int, model_path: str,
-            served_model_name: str | None, max_running_requests: int | None) -> None:
+            served_model_name: str | None, max_running_requests: int | None,
+            enable_metrics: bool) -> None:
     """Run the SGLang-compatible simulated server (no GPU)."""
     import asyncio
 
@@ -49,7 +52,8 @@ def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
         raise InputError(f"--fault: {err}") from None
     opts = SimOptions(host=host, port=port, profile=profile, speed=speed, fault=parsed,
                       warmup_s=warmup_s, load_s=load_s, seed=seed, model_path=model_path,
-                      served_model_name=served_model_name, max_running_requests=max_running_requests)
+                      served_model_name=served_model_name, max_running_requests=max_running_requests,
+                      enable_metrics=enable_metrics)
     try:
         rc = asyncio.run(serve(opts))
     except OSError as err:

@@ -56,7 +56,8 @@ def _level_case(lv: LevelResult, suite: ET.Element, name: str) -> None:
     out = ET.SubElement(case, "system-out")
     ratio = f" ratio={lv.ratio:.4f} ci=[{lv.ci_low:.4f},{lv.ci_high:.4f}]" if lv.ratio else ""
     out.text = (f"median_output_tok_s={lv.median_output_tok_s:.2f} runs={len(lv.runs)} "
-                f"ttft_p99_ms={lv.ttft_p99_ms:.1f} failed={lv.failed_requests}{ratio}")
+                f"ttft_p99_ms={lv.ttft_p99_ms:.1f} failed={lv.failed_requests}{ratio}"
+                + (f"\n{lv.explanation}" if lv.explanation else ""))
 
 
 def junit_xml(result: GateResult) -> str:
@@ -68,6 +69,12 @@ def junit_xml(result: GateResult) -> str:
         if not result.probe.passed:
             msg = "; ".join(result.probe.reasons)
             ET.SubElement(case, "failure", message=msg, type="probe").text = msg
+    ag = result.agreement
+    if ag is not None and ag.compared:
+        case = ET.SubElement(suite, "testcase", classname=f"gate.{result.name}", name="agreement")
+        if not ag.passed:
+            msg = "; ".join(ag.reasons)
+            ET.SubElement(case, "failure", message=msg, type="agreement").text = msg
     case = ET.SubElement(suite, "testcase", classname=f"gate.{result.name}", name="bars")
     if result.bars:
         msg = "; ".join(result.bars)

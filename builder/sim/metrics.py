@@ -62,7 +62,10 @@ def render(
     requests: int,
     hist: Metrics,
 ) -> str:
-    lb = f'model_name="{model_name}"'
+    # observability/metrics_collector.py:1382-1388 (scheduler: engine_type and the ranks)
+    # and :1807-1811 (tokenizer: engine_type); "unified" without disaggregation
+    lb = f'model_name="{model_name}",engine_type="unified"'
+    ranks = f'{lb},tp_rank="0",pp_rank="0",moe_ep_rank="0"'
     gauges = [
         ("sglang:num_running_reqs", "The number of running requests.", running),
         ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", queued),
@@ -79,7 +82,7 @@ def render(
     ]
     out: list[str] = []
     for name, doc, v in gauges:
-        out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name}{{{lb}}} {float(v)}"]
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name}{{{ranks}}} {float(v)}"]
     for name, doc, v in counters:
         out += [f"# HELP {name} {doc}", f"# TYPE {name} counter",
                 f'{name}{{{lb},is_streaming="true"}} {float(v)}']

@@ -47,6 +47,8 @@ class SimOptions:
     served_model_name: str | None = None
     # sglang's --max-running-requests; None keeps the profile's default (48 with speculation)
     max_running_requests: int | None = None
+    # sglang serves /metrics only with --enable-metrics (http_server.py:314)
+    enable_metrics: bool = False
 
     @property
     def model_name(self) -> str:
@@ -82,7 +84,8 @@ class SimServer:
         r.add_get("/get_model_info", self.model_info)
         r.add_get("/v1/models", self.models)
         r.add_get("/v1/models/{model:.+}", self.model)
-        r.add_get("/metrics", self.metrics)
+        if self.opts.enable_metrics:
+            r.add_get("/metrics", self.metrics)
         r.add_get("/sim/stats", self.sim_stats)
         r.add_post("/sim/stats/reset", self.sim_reset)
         r.add_route("POST", "/generate", self.generate)
@@ -123,8 +126,9 @@ class SimServer:
             "port": o.port,
             "tp_size": 8,
             "max_running_requests": p.max_running,
-            "cuda_graph_max_bs": 128,
-            "enable_metrics": True,
+            "cuda_graph_max_bs_decode": 128,
+            "enable_metrics": o.enable_metrics,
+            "launch_command": self._launch_command(),
             "speculative_algorithm": "EAGLE3" if p.speculative else None,
         }
         if p.speculative:
@@ -135,9 +139,21 @@ class SimServer:
             )
         return args
 
+    def _launch_command(self) -> str:
+        o = self.opts
+        argv = ["python3", "-m", "sglang.launch_server", "--model-path", o.model_path,
+                "--host", o.host, "--port", str(o.port)]
+        if o.max_running_requests is not None:
+            argv += ["--max-running-requests", str(o.max_running_requests)]
+        if o.enable_metrics:
+            argv.append("--enable-metrics")
+        return " ".join(argv)
+
     async def server_info(self, request: web.Request) -> web.Response:
         e = self.engine
         state = {
+            "effective_max_running_requests_per_dp": self.profile.max_running,
+            "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": CONTEXT_LEN},
             "avg_spec_accept_length": e.avg_accept_length if self.profile.speculative else None,
             "last_gen_throughput": e.last_gen_throughput,
             "num_running_reqs": len(e.running),
@@ -259,8 +275,8 @@ class SimServer:
             state = lm.start(p.text, None if p.ids is None else list(p.ids))
             limit = p.max_new_tokens if p.max_new_tokens is not None else \
                 CONTEXT_LEN - p.prompt_tokens
-            ids, lps = lm.greedy(state, limit, numerics,
-                                 stop=None if p.ignore_eos else STOP_ID)
+            ids, lps = lm.greedy(state, limit, numerics, stop=None if p.ignore_eos else STOP_ID,
+                                 logprobs=p.return_logprob)
         else:
             ids = greedy_ids(p.key, 4096 if p.max_new_tokens is None else p.max_new_tokens,
                              temperature=p.temperature, rid=p.rid)
