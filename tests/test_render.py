@@ -263,3 +263,11 @@ def test_committed_dockerfile_cuda13_is_fresh() -> None:
     assert (ROOT / "Dockerfile.cuda13").read_text() == rendered.files["Dockerfile"], (
         "Dockerfile.cuda13 is stale: run 'stackbuild render cuda13' and commit it"
     )
+
+
+def test_sim_flag_table_is_what_the_sim_command_takes() -> None:
+    from builder.check import SIM_FLAGS
+    from builder.commands.gate_cmds import sim_cmd
+
+    opts = {o for p in sim_cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
+    assert opts - {"--help"} == SIM_FLAGS
