@@ -415,18 +415,3 @@ class Ledger:
 
 def default_ledger_path(root: Path) -> Path:
     return root / ".stackbuild" / "ledger.db"
-
-
-def report_path_for(ledger_path: Path) -> Path:
-    return ledger_path.parent / "report.md"
-
-
-def update_report(ledger_path: Path) -> Path:
-    """Regenerate the report next to the ledger (after a gate or deploy) and return its path."""
-    # Imported here: report imports the record types above.
-    from builder.report import write_report
-
-    out = report_path_for(ledger_path)
-    with Ledger(ledger_path) as ledger:
-        write_report(ledger, out)
-    return out

@@ -9,16 +9,13 @@ carries the numbers behind it.
 
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from builder import speculation
 from builder.gate.result import GateResult, LevelResult
 from builder.gate.stats import allowed
-from builder.ledger import BuildRecord, DeployRecord, GateRecord, Ledger
+from builder.ledger import BuildRecord, DeployRecord, GateRecord
 
 MAX_BUILDS = 10
 STATUS = {"pass": "PASS", "fail": "FAILED", "inconclusive": "INCONCLUSIVE", "reference": "Reference"}
@@ -369,25 +366,3 @@ def _variant_table(g: Group, name: str) -> list[str]:
         rows.append(f"| {c} | {'—' if base is None else f'{base.tok_s:.1f}'} | {cell.tok_s:.1f} | {ratio} | {ci} | "
                     f"{ttft_ref} / {cell.ttft_p99_ms:.1f} | {cell.runs} | {STATUS.get(cell.verdict, cell.verdict)} |")
     return rows
-
-
-# --- files ------------------------------------------------------------------------
-
-def write_report(ledger: Ledger, out: Path, *, plot: bool = True) -> Path:
-    """Write the Markdown report (and its plot next to it) atomically; return the report path."""
-    report = build_report(ledger.gate_runs(), ledger.deploys(), ledger.builds())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    plot_name = None
-    if plot and report.groups and report.groups[0].cells:
-        from builder.plot import plot_group
-
-        try:
-            paths = plot_group(report.groups[0], out.with_name(out.stem + "-throughput"))
-            plot_name = next(p.name for p in paths if p.suffix == ".svg")
-        except ImportError:  # matplotlib is the optional `plot` extra: no plot, the report still lands
-            plot_name = None
-    text = render_markdown(report, plot_name)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}.{threading.get_ident()}")  # fleet: threads too
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out)
-    return out

@@ -16,7 +16,7 @@ from pathlib import Path
 from builder.gate.profile import GateProfile
 from builder.gate.runner import run_gate
 from builder.ledger import Ledger
-from builder.report import write_report
+from builder.report_writer import write_report
 from builder.sim.process import sim
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -29,7 +29,8 @@ from builder.gate.profile import GateProfile
 from builder.gate.result import GateResult
 from builder.gate.runner import run_gate
 from builder.ledger import Ledger
-from builder.report import build_report, render_markdown, write_report
+from builder.report import build_report, render_markdown
+from builder.report_writer import write_report
 from builder.sim.process import sim
 
 pytestmark = pytest.mark.integration

@@ -58,7 +58,8 @@ def build_cmd(
 
 def record_build(spec: Stack, result: BuildResult, path: Path) -> None:
     """Every image built (or first seen by this ledger) lands in the ledger with its lock."""
-    from builder.ledger import Ledger, update_report
+    from builder.ledger import Ledger
+    from builder.report_writer import update_report
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with Ledger(path) as db:

@@ -99,7 +99,7 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str,
             local.stop(host, (base.host.service,))
     click.echo("\n=== results")
     try:
-        from builder.ledger import update_report
+        from builder.report_writer import update_report
 
         report = update_report(ledger)
     except ImportError:  # no report writer here: a table of this run's deploys instead

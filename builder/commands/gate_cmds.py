@@ -172,7 +172,8 @@ def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) ->
 
 
 def _record(ledger: Path, result: Any) -> None:
-    from builder.ledger import Ledger, update_report
+    from builder.ledger import Ledger
+    from builder.report_writer import update_report
 
     with Ledger(ledger) as db:
         db.record_gate(result)

@@ -19,9 +19,10 @@ import click
 def report_cmd(ctx: click.Context, ledger: Path | None, out: Path | None, as_json: bool, no_plot: bool) -> None:
     """Write the results table, per-concurrency tables, conclusion and plot."""
     from builder.errors import InputError
-    from builder.ledger import Ledger, default_ledger_path, report_path_for
+    from builder.ledger import Ledger, default_ledger_path
     from builder.paths import stack_root
-    from builder.report import build_report, write_report
+    from builder.report import build_report
+    from builder.report_writer import report_path_for, write_report
 
     path = ledger or default_ledger_path(stack_root((ctx.obj or {}).get("root")))
     if not path.is_file():

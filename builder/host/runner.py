@@ -281,7 +281,8 @@ def _record(
     args: DeployArgs, rep: DeployReport, profile: GateProfile, digest: str, echo: Callable[[str], None]
 ) -> None:
     try:
-        from builder.ledger import Ledger, default_ledger_path, update_report
+        from builder.ledger import Ledger, default_ledger_path
+        from builder.report_writer import update_report
     except ImportError as err:  # the deploy itself is done; the record is a by-product
         echo(f"stackbuild: deploy not recorded: the ledger is unavailable ({err})")
         return
