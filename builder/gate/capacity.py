@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from builder.gate import loadgen
+from builder.gate.profile import SLO_KEYS
 from builder.gate.result import CapacityResult, RunMetrics, Workload
 from builder.gate.stats import percentile
 
-SLO_KEYS = ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms")
 # each level 1.33-1.5x the last: "one step" of the search
 GRID: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 

@@ -7,11 +7,50 @@ when no stack is given. Every field can be overridden from the command line
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from builder.gate.result import Workload
+# The latency objectives capacity search can hold (`--slo KEY=MS`, `slo:` in a profile).
+SLO_KEYS = ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms")
+
+
+class _FrozenModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Workload(_FrozenModel):
+    """Everything that changes the numbers. Two results compare only on equal fingerprints."""
+
+    api: Literal["completions", "generate"] = "completions"
+    model: str = "default"
+    input_len: int = 128
+    output_len: int = 256
+    ignore_eos: bool = True
+    seed: int = 0
+    warmup: int = 2
+    concurrency: tuple[int, ...] = (1,)
+    runs: int = 3
+    max_runs: int = 6
+    # requests per run at concurrency C: max(C * requests_per_slot, min_requests)
+    requests_per_slot: int = 1
+    timeout_s: float = 120.0
+    # no byte for this long ends a request as stalled (not fingerprinted: it bounds, not measures)
+    stall_timeout_s: float = 30.0
+    # Added by the gate: at low C, more requests per run narrow the run-to-run spread
+    # (speculative acceptance is noisy on short runs). Not fingerprinted: below the
+    # server's batch cap it changes the spread, not the expected tok/s.
+    min_requests: int = 0
+
+    def fingerprint(self) -> str:
+        # Run counts and timeouts change how sure we are, not what is measured.
+        keys = {"api", "model", "input_len", "output_len", "ignore_eos", "seed", "requests_per_slot"}
+        payload = json.dumps(self.model_dump(include=keys), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
 
 # Greedy prompts for the correctness probe: short, plain, and different enough
 # that a server emitting the same text for all of them is noticed.
@@ -106,8 +145,6 @@ class GateProfile(BaseModel):
     @field_validator("slo")
     @classmethod
     def _slo(cls, v: dict[str, float]) -> dict[str, float]:
-        from builder.gate.capacity import SLO_KEYS
-
         bad = [k for k, x in v.items() if k not in SLO_KEYS or not x > 0]
         if bad:
             raise ValueError(f"slo: {', '.join(bad)}: keys are {', '.join(SLO_KEYS)}, "

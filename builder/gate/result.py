@@ -7,11 +7,13 @@ of a later gate run. Add fields with defaults; never rename existing ones.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# Workload is the profile's measurable part; it lives with the profile (a spec model) and is
+# named here too, where results carry it.
+from builder.gate.profile import Workload as Workload
 
 SCHEMA_VERSION = 1
 
@@ -20,36 +22,6 @@ Verdict = Literal["pass", "fail", "inconclusive", "reference"]
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Workload(_Frozen):
-    """Everything that changes the numbers. Two results compare only on equal fingerprints."""
-
-    api: Literal["completions", "generate"] = "completions"
-    model: str = "default"
-    input_len: int = 128
-    output_len: int = 256
-    ignore_eos: bool = True
-    seed: int = 0
-    warmup: int = 2
-    concurrency: tuple[int, ...] = (1,)
-    runs: int = 3
-    max_runs: int = 6
-    # requests per run at concurrency C: max(C * requests_per_slot, min_requests)
-    requests_per_slot: int = 1
-    timeout_s: float = 120.0
-    # no byte for this long ends a request as stalled (not fingerprinted: it bounds, not measures)
-    stall_timeout_s: float = 30.0
-    # Added by the gate: at low C, more requests per run narrow the run-to-run spread
-    # (speculative acceptance is noisy on short runs). Not fingerprinted: below the
-    # server's batch cap it changes the spread, not the expected tok/s.
-    min_requests: int = 0
-
-    def fingerprint(self) -> str:
-        # Run counts and timeouts change how sure we are, not what is measured.
-        keys = {"api", "model", "input_len", "output_len", "ignore_eos", "seed", "requests_per_slot"}
-        payload = json.dumps(self.model_dump(include=keys), sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 class Percentiles(_Frozen):
