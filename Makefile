@@ -9,7 +9,7 @@ STAMP = .stackbuild/install.stamp
 .PHONY: demo test unit lint infra install
 
 demo: infra install
-	$(PY) -m builder demo
+	$(PY) -m stackbuild demo
 
 test: infra install lint
 	$(PY) -m pytest -m "integration or not integration" -q
@@ -18,9 +18,9 @@ unit: install
 	$(PY) -m pytest -q
 
 lint: install
-	$(PY) -m ruff check builder tests bench
+	$(PY) -m ruff check stackbuild tests bench
 	$(PY) -m mypy
-	$(PY) -m builder render cuda13 --check
+	$(PY) -m stackbuild render cuda13 --check
 
 install: $(STAMP)
 

@@ -28,7 +28,7 @@ def timed(argv: list[str]) -> float:
 
 def main() -> int:
     exe = shutil.which("stackbuild")
-    base = [exe] if exe else [sys.executable, "-m", "builder"]
+    base = [exe] if exe else [sys.executable, "-m", "stackbuild"]
     stacks = sorted(p.stem for p in (ROOT / "stacks").glob("*.yaml") if not p.name.startswith("_"))
     subprocess.run([*base, "validate"], cwd=ROOT, check=True, capture_output=True)  # warm the flag cache
     validate = statistics.median(timed([*base, "validate", "--offline"]) for _ in range(RUNS))
@@ -39,7 +39,7 @@ def main() -> int:
 
         render = statistics.median(render_all() for _ in range(RUNS))
     probe = (
-        "import sys, builder.cli as c; c.main(['validate', '--offline']); "
+        "import sys, stackbuild.cli.main as c; c.main(['validate', '--offline']); "
         "print(','.join(m for m in ('docker', 'fabric', 'aiohttp', 'paramiko', 'matplotlib') if m in sys.modules))"
     )
     lines = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True).stdout.splitlines()

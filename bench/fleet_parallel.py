@@ -3,7 +3,7 @@
 Three local systemd+sshd hosts get the sim stack's baseline; then the same kind
 of candidate (another --seed: same cost, a real gate) is deployed to one host
 alone, then to a wave of three through the fleet's own wave runner
-(builder.fleet.rollout.each over RealOps.deploy: the single-host flow per host,
+(stackbuild.fleet.rollout.each over RealOps.deploy: the single-host flow per host,
 in threads). A ratio near 1 means the wave costs what one host costs; 3 would be
 serial. This machine has 2 cores shared with the simulators and the gate
 clients, so the ratio here is an upper bound of what separate hosts would show.
@@ -20,15 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from builder.fleet.model import FleetHost
-from builder.fleet.ops import RealOps
-from builder.fleet.rollout import each
-from builder.host import local
-from builder.host.runner import pin
-from builder.host.ssh import SshOptions
-from builder.image.build import build_stack
-from builder.net import free_port
-from builder.spec import load_stack
+from stackbuild.effects.net import free_port
+from stackbuild.fleet.ops import RealOps
+from stackbuild.fleet.rollout import each
+from stackbuild.host import local
+from stackbuild.host.session import pin
+from stackbuild.host.ssh import SshOptions
+from stackbuild.image.build import build_stack
+from stackbuild.spec.fleet import FleetHost
+from stackbuild.spec.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = """\

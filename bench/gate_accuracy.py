@@ -1,7 +1,7 @@
 """How close the gate's measured output tok/s is to what the simulator truly emitted.
 
 Starts `stackbuild sim` (baseline profile) as a separate process, and at each
-concurrency C runs one gate run (builder.gate.loadgen.run_once, the code the gate
+concurrency C runs one gate run (stackbuild.gate.loadgen.run_once, the code the gate
 uses) after resetting the simulator's ground-truth counters. Truth is
 GET /sim/stats: tokens written to clients / (last token write - first request
 arrival). Also prints the client's CPU seconds per 1000 streamed tokens.
@@ -26,9 +26,9 @@ import sys
 import time
 import urllib.request
 
-from builder.gate import loadgen
-from builder.gate.result import Workload
-from builder.sim.process import sim
+from stackbuild.gate import loadgen
+from stackbuild.gate.result import Workload
+from stackbuild.sim.process import sim
 
 # (concurrency, output tokens per request): each run lasts a few seconds at --speed 2
 LEVELS = ((1, 512), (8, 256), (64, 128), (256, 64))
@@ -116,8 +116,8 @@ USERS = {"baseline": (92.7, 689.4, 718.1), "eagle3-topk1-v2": (86.8, 759.3, 754.
 
 
 def calibration(speed: float) -> None:
-    from builder.sim.model import steady_tok_s
-    from builder.sim.profiles import PROFILES
+    from stackbuild.sim.calibration import PROFILES
+    from stackbuild.sim.model import steady_tok_s
 
     print(f"calibration over HTTP at --speed {speed:g}, figures divided by the speed:")
     for name, users in USERS.items():

@@ -24,7 +24,7 @@ STACKS = ("cuda12.8", "cuda13")
 def lock_once(stack: str, out: Path, env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "builder", "lock", stack, "--out", str(out / f"{stack}.txt")],
+        [sys.executable, "-m", "stackbuild", "lock", stack, "--out", str(out / f"{stack}.txt")],
         cwd=ROOT,
         env=env,
         check=True,
@@ -36,7 +36,8 @@ def lock_once(stack: str, out: Path, env: dict[str, str]) -> float:
 def validate_all(env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "builder", "validate", "--offline"], cwd=ROOT, env=env, check=True, capture_output=True
+        [sys.executable, "-m", "stackbuild", "validate", "--offline"],
+        cwd=ROOT, env=env, check=True, capture_output=True,
     )
     return time.perf_counter() - t0
 

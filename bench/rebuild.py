@@ -2,7 +2,7 @@
 
 A small test stack with the shape of a real one (a slow compile stage standing in
 for torch, a kernel stage, sglang, patches last) is built through the same
-BuildKit path `stackbuild build` uses (builder.image.buildkit), three ways: from
+BuildKit path `stackbuild build` uses (stackbuild.image.buildkit), three ways: from
 scratch (--no-cache), after a patch-only change, and with no change. The same
 content as one naive stage that copies everything first is built the same three
 ways. Figures are ratios to the full build of the same layout, from one run.
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from builder.image import buildkit, engine
+from stackbuild.image import buildkit, engine
 
 BASE = os.environ.get("STACKBUILD_BASE_IMAGE", "local/debian:bookworm")
 

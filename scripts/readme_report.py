@@ -13,11 +13,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from builder.gate.profile import GateProfile
-from builder.gate.runner import run_gate
-from builder.ledger import Ledger
-from builder.report_writer import write_report
-from builder.sim.process import sim
+from stackbuild.gate.runner import run_gate
+from stackbuild.results.ledger import Ledger
+from stackbuild.results.writer import write_report
+from stackbuild.sim.process import sim
+from stackbuild.spec.profile import GateProfile
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from builder.errors import InfraError
-from builder.host import local
+from stackbuild.errors import InfraError
+from stackbuild.host import local
 
 REGISTRY = "127.0.0.1:5000"
 BASE_IMAGE = os.environ.get("STACKBUILD_BASE_IMAGE", "local/debian:bookworm")
@@ -132,7 +132,7 @@ class TestHost:
         return out
 
     def wait_ready(self, timeout: float = 60) -> None:
-        """systemd running and this container's own sshd answering (builder.host.local.wait_up)."""
+        """systemd running and this container's own sshd answering (stackbuild.host.local.wait_up)."""
         local.wait_up(self.name, self.port, timeout)
 
     # Fault injection for deploy tests.
@@ -175,7 +175,7 @@ class TestHost:
 
 
 def _start_testhost(client: Any, workdir: Path, tries: int = 3) -> TestHost:
-    """A host through builder.host.local, the starter `stackbuild demo` uses, on a fresh port."""
+    """A host through stackbuild.host.local, the starter `stackbuild demo` uses, on a fresh port."""
     last: Exception | None = None
     for _ in range(tries):
         name = f"sb-testhost-{uuid.uuid4().hex[:8]}"

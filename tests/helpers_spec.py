@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.cli import main
+from stackbuild.cli.main import main
 
 BASE = """\
 base_image: nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
@@ -46,10 +46,10 @@ def project(tmp_path: Path, files: dict[str, str], *, lock: bool = True) -> Path
 
 def write_empty_lock(root: Path, name: str, body: str = "") -> None:
     """A lock whose inputs match the stack, with `body` as its resolved part."""
-    from builder.errors import SpecError
-    from builder.lock.resolve import header
-    from builder.lock.target import lock_path, target_of
-    from builder.spec import load_stack
+    from stackbuild.errors import SpecError
+    from stackbuild.spec.load import load_stack
+    from stackbuild.spec.lock.resolve import header
+    from stackbuild.spec.lock.target import lock_path, target_of
 
     try:
         stack = load_stack(name, root=root)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 def test_dry_run_context_holds_no_secret(tmp_path: Path) -> None:
     token = "hf_dryrun_" + os.urandom(8).hex()
     env = {**os.environ, "HF_TOKEN": token, "STACKBUILD_CACHE_DIR": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, "-m", "builder", "build", "sim", "--dry-run"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "stackbuild", "build", "sim", "--dry-run"], capture_output=True,
                        text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert "id=hf_token" in r.stdout + r.stderr  # the command still names the secret it would mount

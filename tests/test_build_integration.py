@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from builder.cli import main
-from builder.image import buildkit, engine
-from builder.image.build import BuildResult, _secret_files, build_stack
-from builder.registry import manifest_digest, parse_ref, promote
-from builder.spec import load_stack
+from stackbuild.cli.main import main
+from stackbuild.image import buildkit, engine
+from stackbuild.image.build import BuildResult, _secret_files, build_stack
+from stackbuild.image.registry import manifest_digest, parse_ref, promote
+from stackbuild.spec.load import load_stack
 
 pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -100,8 +100,8 @@ def test_promote_cli_prints_channel_and_digest(sim_built: BuildResult, capsys: p
 def test_build_cli_records_the_build_once_in_the_ledger(
     sim_built: BuildResult, registry: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from builder.image.context import rendered_for_image
-    from builder.ledger import Ledger
+    from stackbuild.image.context import rendered_for_image
+    from stackbuild.results.ledger import Ledger
 
     db = tmp_path / "ledger.db"
     argv = ["build", "sim", "--push", "--registry", f"{registry}/{TEST_REPO}", "--ledger", str(db)]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.cli import main
-from builder.ledger import Ledger
+from stackbuild.cli.main import main
+from stackbuild.results.ledger import Ledger
 
 LINE = re.compile(r"^(\S+:\d+:\d+: error: .+ \[[a-z0-9-]+\]|stackbuild: .+)$")
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.gate.profile import BUILTIN_PROFILES, GateProfile
-from builder.host.deploy import hold_bound_s
-from builder.host.report import DeployReport
-from builder.host.request import DeployRequest
-from builder.host.state import LockOwner, is_stale, me
-from builder.spec import Stack, load_stack
+from stackbuild.host.deploy import hold_bound_s
+from stackbuild.host.outcome import DeployReport
+from stackbuild.host.request import DeployRequest
+from stackbuild.host.state import LockOwner, is_stale, me
+from stackbuild.spec.load import load_stack
+from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
+from stackbuild.spec.stack import Stack
 
 
 def test_lock_owner_declares_until_and_readers_honour_it() -> None:
@@ -51,7 +52,7 @@ def test_report_tells_each_step_as_it_starts_and_ends() -> None:
 
 
 def test_switch_is_one_oneshot_unit_the_host_finishes() -> None:
-    from builder.host.units import switch_unit_text
+    from stackbuild.host.units import switch_unit_text
 
     assert switch_unit_text("/st/switch.sh", ["s-candidate.service", "/u/s.service", "a b%"]) == (
         "# Written by stackbuild: the side-by-side switch, finished by systemd even if the client dies.\n"
@@ -61,7 +62,7 @@ def test_switch_is_one_oneshot_unit_the_host_finishes() -> None:
 
 
 def test_prestart_noise_dropped_from_crash_logs() -> None:
-    from builder.host.units import without_prestart_noise
+    from stackbuild.host.units import without_prestart_noise
 
     logs = "== journalctl -u s\nError: No such container: s\nsim: fault\nError: No such container: other\n"
     assert without_prestart_noise(logs, "s") == "== journalctl -u s\nsim: fault\nError: No such container: other\n"

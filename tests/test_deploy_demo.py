@@ -20,7 +20,7 @@ def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
     shutil.copy(REPO_ROOT / "stacks" / "sim.yaml", tmp_path / "stacks" / "sim.yaml")
     name = f"stackbuild-demo-test-{secrets.token_hex(3)}"
     r = subprocess.run(
-        [sys.executable, "-m", "builder", "--root", str(tmp_path), "demo", "--remove-host",
+        [sys.executable, "-m", "stackbuild", "--root", str(tmp_path), "demo", "--remove-host",
          "--host-name", name],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )

@@ -74,8 +74,8 @@ def test_first_deploy_promotes_then_status(project: Project) -> None:
     assert isinstance(cur, dict) and cur["digest"] == p.image.digest
     assert p.serving()
     # the registry channel moved to the promoted digest, and the ledger has the deploy
-    from builder.ledger import Ledger
-    from builder.registry import Ref, manifest_digest
+    from stackbuild.image.registry import Ref, manifest_digest
+    from stackbuild.results.ledger import Ledger
 
     repo = p.image.ref.split("@")[0].split("/", 1)[1]
     assert manifest_digest(Ref("127.0.0.1:5000", repo, p.service)) == p.image.digest

@@ -126,7 +126,7 @@ def test_ssh_config_alias_and_default_files(deploy_host: HostBox, tmp_path: Path
         f"  Port {deploy_host.port}\n  User root\n  IdentityFile {deploy_host.key}\n"
     )
     (home / ".ssh" / "known_hosts").write_text(deploy_host.known_hosts.read_text())
-    argv = [sys.executable, "-m", "builder", "status", "--host", "gpu-test", "--service", "none"]
+    argv = [sys.executable, "-m", "stackbuild", "status", "--host", "gpu-test", "--service", "none"]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "HOME": str(home)})
     assert r.returncode == 0, r.stderr

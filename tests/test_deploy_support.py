@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.host.local import LocalHost
-from builder.net import free_port
+from stackbuild.effects.net import free_port
+from stackbuild.host.local import LocalHost
 
 REGISTRY = "127.0.0.1:5000"
 TESTHOST_IMAGE = os.environ.get("STACKBUILD_TESTHOST_IMAGE", "local/stackbuild-testhost:bookworm")
@@ -63,7 +63,7 @@ def need_infra() -> None:
 
 @pytest.fixture(scope="session")
 def deploy_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostBox]:
-    from builder.host import local
+    from stackbuild.host import local
 
     need_infra()
     lh = local.start(tmp_path_factory.mktemp("deployhost"), image=TESTHOST_IMAGE)
@@ -86,14 +86,14 @@ def sim_image() -> SimImage:
 
 
 def _built_image() -> SimImage:
-    from builder.image.build import build_stack
-    from builder.spec import load_stack
+    from stackbuild.image.build import build_stack
+    from stackbuild.spec.load import load_stack
 
     # The shipped sim stack's image: the same Dockerfile the simtest spec renders
     # (the sim engine's image does not depend on server flags).
     stack = load_stack("sim", root=REPO_ROOT)
     built = build_stack(stack, registry=f"{REGISTRY}/stackbuild", push=True, root=REPO_ROOT)
-    from builder.host.runner import pin
+    from stackbuild.host.session import pin
 
     assert built.digest
     return SimImage(pin(built.image, built.digest), built.digest)
@@ -168,7 +168,7 @@ class Project:
         extra = [] if verb != "deploy" else ["--ledger", str(self.ledger)]
         if verb == "deploy" and image != "":  # "" = let deploy build and push the stack
             extra += ["--image", image or self.image.ref]
-        return [sys.executable, "-m", "builder", "--root", str(self.root), verb, *rest,
+        return [sys.executable, "-m", "stackbuild", "--root", str(self.root), verb, *rest,
                 *self.host.ssh_args(), *extra]
 
     def run(self, *args: str, image: str | None = None, timeout: float = 180

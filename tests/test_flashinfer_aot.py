@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from helpers_spec import BASE, project, run_cli
 
-from builder.image.smoke import aot_problems, aot_scan_argv
-from builder.lock.render_ctx import aot_dir
-from builder.paths import shipped_dir
-from builder.render import render_stack
-from builder.rules import aot_arch_for
-from builder.spec import load_stack
+from stackbuild.image.smoke import aot_problems, aot_scan_argv
+from stackbuild.paths import shipped_dir
+from stackbuild.render.stack import render_stack
+from stackbuild.spec.conditions import aot_arch_for
+from stackbuild.spec.load import load_stack
+from stackbuild.spec.lock.render_ctx import aot_dir
 
 ROOT = shipped_dir("stacks").parent
 PLAIN = "  flashinfer: {version: 0.7.2}\n"
@@ -256,7 +256,7 @@ def test_smoke_reads_the_aot_modules_inside_a_real_image(docker_client: Any, tmp
     """The scan travels as `python3 -c` argv into a container of an image with no builder and no pyelftools."""
     from conftest import TESTHOST_IMAGE, _require_image
 
-    from builder.image import smoke
+    from stackbuild.image import smoke
 
     stack = load_stack("cuda13", root=ROOT)
     where = aot_dir(stack)
@@ -280,7 +280,7 @@ def test_smoke_reads_the_aot_modules_inside_a_real_image(docker_client: Any, tmp
 
 
 def test_a_changed_build_script_is_a_new_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from builder.lock import render_ctx
+    from stackbuild.spec.lock import render_ctx
 
     stack = load_stack("cuda13", root=ROOT)
     h0 = render_stack(stack).content_hash
@@ -294,7 +294,7 @@ def test_a_changed_build_script_is_a_new_image(tmp_path: Path, monkeypatch: pyte
 
 
 def test_build_args_give_the_aot_stage_flashinfers_job_budget() -> None:
-    from builder.image.context import build_args
+    from stackbuild.image.context import build_args
 
     cuda13 = render_stack(load_stack("cuda13", root=ROOT)).files["Dockerfile"]
     assert "ARG AOT_MAX_JOBS=4\n" in cuda13

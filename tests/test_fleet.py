@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import InputError, SpecError
-from builder.fleet.inventory import host_stack, load_inventory, select
-from builder.fleet.model import Fleet, FleetHost
-from builder.fleet.plan import decide_wave, host_class, outliers, plan_waves, remaining, spread
-from builder.fleet.rollout import DeployResult, HostRow, HostView, Settings, run_rollout
-from builder.fleet.soak import Sample, judge, parse_counters, soak
-from builder.spec import load_stack
+from stackbuild.errors import InputError, SpecError
+from stackbuild.fleet.inventory import host_stack, load_inventory, select
+from stackbuild.fleet.plan import decide_wave, host_class, outliers, plan_waves, remaining, spread
+from stackbuild.fleet.rollout import DeployResult, HostRow, HostView, Settings, run_rollout
+from stackbuild.fleet.soak import Sample, judge, parse_counters, soak
+from stackbuild.spec.fleet import Fleet, FleetHost
+from stackbuild.spec.load import load_stack
 
 H = [f"h{i}" for i in range(8)]
 
@@ -309,8 +309,8 @@ def test_host_stack_applies_overrides_and_select_by_name() -> None:
 
 
 def test_ledger_rollouts_round_trip_and_resume_order(tmp_path: Path) -> None:
-    from builder.fleet.record import finish_rollout, record_host, rollouts, start_rollout
-    from builder.ledger import Ledger
+    from stackbuild.fleet.record import finish_rollout, record_host, rollouts, start_rollout
+    from stackbuild.results.ledger import Ledger
 
     with Ledger(tmp_path / "l.db") as db:
         start_rollout(db, id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="halt",
@@ -335,7 +335,7 @@ def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:
     import sys
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "builder", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "stackbuild", *args], capture_output=True, text=True,
                               timeout=60)
 
     r = run("deploy", "sim", "--fleet", "--image", "r@sha256:" + "0" * 64)
@@ -355,8 +355,8 @@ def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:
 
 
 def test_fleet_status_table() -> None:
-    from builder.fleet.record import RolloutHostRecord, RolloutRecord
-    from builder.fleet.status import HostStatusRow, render
+    from stackbuild.fleet.record import RolloutHostRecord, RolloutRecord
+    from stackbuild.fleet.status import HostStatusRow, render
 
     rows = [HostStatusRow("h0", "svc0", True, "r@sha256:" + "a" * 64, "sim-good", "pass", None, None),
             HostStatusRow("h1", "-", False, None, None, None, None, None, error="SSH to h1: refused")]

@@ -106,7 +106,7 @@ class Fleet:
 
     def cli(self, *args: str) -> list[str]:
         h = self.hosts[0]
-        return [sys.executable, "-m", "builder", "--root", str(self.root), *args,
+        return [sys.executable, "-m", "stackbuild", "--root", str(self.root), *args,
                 "--known-hosts", str(self.root / "known_hosts"), "--identity", str(h.key)]
 
     def rollout(self, variant: str | None, *extra: str, inventory: Path | None = None,
@@ -138,8 +138,8 @@ class Fleet:
             assert h.sh(f"test -d /var/lib/stackbuild/{self.service(i)}/lock").returncode != 0, f"h{i} lock held"
 
     def last_rollout(self) -> object:
-        from builder.fleet.record import rollouts
-        from builder.ledger import Ledger
+        from stackbuild.fleet.record import rollouts
+        from stackbuild.results.ledger import Ledger
 
         with Ledger(self.ledger) as db:
             return rollouts(db)[-1]
@@ -160,7 +160,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(sim_image: SimImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:  # noqa: F811
-    from builder.host import local
+    from stackbuild.host import local
 
     need_infra()
     root = tmp_path_factory.mktemp("fleet")

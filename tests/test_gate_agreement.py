@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from builder.gate.agreement import compare, forced_body, generate_body, prefix_len, prompts
-from builder.gate.result import AgreementSample
-from builder.sim import lm
-from builder.sim.faults import parse_fault
-from builder.sim.lm import Numerics
+from stackbuild.gate.agreement import compare, forced_body, generate_body, prefix_len, prompts
+from stackbuild.gate.result import AgreementSample
+from stackbuild.sim import lm
+from stackbuild.sim.faults import parse_fault
+from stackbuild.sim.lm import Numerics
 
 
 def test_prompts_are_seeded_token_ids() -> None:
@@ -106,7 +106,7 @@ def test_junit_has_an_agreement_case_that_fails_with_its_reasons() -> None:
 
     from test_gate_stats import _result
 
-    from builder.gate.report import junit_xml
+    from stackbuild.gate.formats import junit_xml
 
     ref = [_s(1, [1, 2], -0.3)]
     bad = compare(ref, [_s(1, [7, 7], -0.3)], [-8.0], min_first_token=0.75, max_drop=0.5)

@@ -25,13 +25,13 @@ from xml.etree import ElementTree
 
 import pytest
 
-from builder.gate.profile import GateProfile
-from builder.gate.result import GateResult
-from builder.gate.runner import run_gate
-from builder.ledger import Ledger
-from builder.report import build_report, render_markdown
-from builder.report_writer import write_report
-from builder.sim.process import sim
+from stackbuild.gate.result import GateResult
+from stackbuild.gate.runner import run_gate
+from stackbuild.results.ledger import Ledger
+from stackbuild.results.report import build_report, render_markdown
+from stackbuild.results.writer import write_report
+from stackbuild.sim.process import sim
+from stackbuild.spec.profile import GateProfile
 
 pytestmark = pytest.mark.integration
 

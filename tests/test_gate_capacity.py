@@ -9,10 +9,10 @@ import math
 import pytest
 from test_gate_stats import _run
 
-from builder.gate.capacity import GRID, goodput, parse_slo, search, violations
-from builder.gate.checks import judge_capacity
-from builder.gate.loadgen import RequestRecord
-from builder.gate.result import Percentiles, RunMetrics
+from stackbuild.gate.capacity import GRID, goodput, parse_slo, search, violations
+from stackbuild.gate.checks import judge_capacity
+from stackbuild.gate.loadgen import RequestRecord
+from stackbuild.gate.result import Percentiles, RunMetrics
 
 
 def test_parse_slo() -> None:

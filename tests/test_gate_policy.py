@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from test_gate_stats import _run
 
-from builder.commands.gate_cmds import _level_bars
-from builder.errors import InputError
-from builder.gate.profile import GateProfile, LevelPolicy
-from builder.gate.runner import judge_level, level_summary, overall
-from builder.sim.model import single_stream_tok_s, steady_tok_s
-from builder.sim.profiles import PROFILES
-from builder.spec import load_stack
+from stackbuild.cli.gate import _level_bars
+from stackbuild.errors import InputError
+from stackbuild.gate.runner import judge_level, level_summary, overall
+from stackbuild.sim.calibration import PROFILES
+from stackbuild.sim.model import single_stream_tok_s, steady_tok_s
+from stackbuild.spec.load import load_stack
+from stackbuild.spec.profile import GateProfile, LevelPolicy
 
 USERS = GateProfile(concurrency=(1, 8), tolerance=0.0, levels={1: LevelPolicy(tolerance=0.08)})
 INC = [100.0, 100.0, 100.0, 100.0]

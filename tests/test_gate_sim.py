@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from builder.cli import main
-from builder.gate.profile import GateProfile
-from builder.gate.result import GateResult
-from builder.gate.runner import run_gate
-from builder.net import free_port
-from builder.sim.process import sim
-from builder.spec import load_stack
+from stackbuild.cli.main import main
+from stackbuild.effects.net import free_port
+from stackbuild.gate.result import GateResult
+from stackbuild.gate.runner import run_gate
+from stackbuild.sim.process import sim
+from stackbuild.spec.load import load_stack
+from stackbuild.spec.profile import GateProfile
 
 pytestmark = pytest.mark.integration
 
@@ -202,10 +202,10 @@ def test_agreement_fails_a_drifting_candidate_live_and_stored(tmp_path: Path) ->
 
 def test_capacity_under_an_slo_matches_the_model_within_one_step() -> None:
     """The search's answer against the simulator's own model: the highest grid level whose
-    expected TPOT (builder.sim.model.expected_tpot_ms) meets the SLO, give or take a step."""
-    from builder.gate.capacity import GRID
-    from builder.sim.model import expected_tpot_ms
-    from builder.sim.profiles import PROFILES
+    expected TPOT (stackbuild.sim.model.expected_tpot_ms) meets the SLO, give or take a step."""
+    from stackbuild.gate.capacity import GRID
+    from stackbuild.sim.calibration import PROFILES
+    from stackbuild.sim.model import expected_tpot_ms
 
     speed, slo_ms = 2.0, 16.8  # baseline's model TPOT at C=20, between grid levels 16 and 24
     prof = GateProfile(concurrency=(1,), input_len=32, output_len=128, runs=1, max_runs=1,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from test_sim_process import sim
 
-from builder.cli import main
-from builder.gate.profile import BUILTIN_PROFILES, GateProfile
+from stackbuild.cli.main import main
+from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 
 pytestmark = pytest.mark.integration
 ARGS = ["--concurrency", "2", "--input-len", "16", "--output-len", "64", "--runs", "2", "--max-runs", "2",

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import InputError
-from builder.gate.loadgen import RequestRecord, prompt_ids, request_body, summarize
-from builder.gate.probe import check_outputs, problems
-from builder.gate.profile import BUILTIN_PROFILES, GateProfile
-from builder.gate.report import junit_xml, markdown_summary, read_json, write_json
-from builder.gate.result import GateResult, Percentiles, RunMetrics, Workload
-from builder.gate.runner import _check_baseline, bar_violations, judge_level, level_summary, overall
-from builder.gate.stats import bootstrap_ratio_ci, compare, percentile, percentiles
+from stackbuild.errors import InputError
+from stackbuild.gate.formats import junit_xml, markdown_summary, read_json, write_json
+from stackbuild.gate.loadgen import RequestRecord, prompt_ids, request_body, summarize
+from stackbuild.gate.probe import check_outputs, problems
+from stackbuild.gate.result import GateResult, Percentiles, RunMetrics, Workload
+from stackbuild.gate.runner import _check_baseline, bar_violations, judge_level, level_summary, overall
+from stackbuild.gate.stats import bootstrap_ratio_ci, compare, percentile, percentiles
+from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 
 
 def test_percentile_interpolates_like_numpy() -> None:
@@ -176,7 +176,7 @@ def test_live_progress_renders_the_events() -> None:
 
     from rich.console import Console
 
-    from builder.gate.progress import LiveProgress
+    from stackbuild.gate.progress import LiveProgress
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=120, color_system=None)

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.cli import main
-from builder.gate.checks import traffic_verdict
-from builder.gate.profile import GateProfile
-from builder.gate.runner import judge_level, level_summary
-from builder.gate.traffic import (
+from stackbuild.cli.main import main
+from stackbuild.gate.checks import traffic_verdict
+from stackbuild.gate.runner import judge_level, level_summary
+from stackbuild.gate.traffic import (
     in_flight,
     nearest_level,
     parse_duration,
@@ -22,6 +21,7 @@ from builder.gate.traffic import (
     weighted_change,
     weights,
 )
+from stackbuild.spec.profile import GateProfile
 
 METRICS = """# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
@@ -82,7 +82,7 @@ def test_traffic_command_samples_a_loaded_server(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     from helpers_http import http
 
-    from builder.sim.process import sim
+    from stackbuild.sim.process import sim
 
     with sim("--speed", "0.5", "--enable-metrics") as s:
         body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 400}}

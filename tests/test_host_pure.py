@@ -1,4 +1,4 @@
-"""Exact expectations for the pure parts of builder.host (no SSH, no docker)."""
+"""Exact expectations for the pure parts of stackbuild.host (no SSH, no docker)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import subprocess
 
 import pytest
 
-from builder.errors import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK, InputError
-from builder.host.crash import KINDS, classify
-from builder.host.dryrun import DryRunRemote
-from builder.host.preflight import (
+from stackbuild.errors import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK, InputError
+from stackbuild.host.crash import KINDS, classify
+from stackbuild.host.dryrun import DryRunRemote
+from stackbuild.host.outcome import DeployReport
+from stackbuild.host.preflight import (
     parse_df_avail_kib,
     parse_listening_ports,
     parse_nvidia_smi,
@@ -18,9 +19,8 @@ from builder.host.preflight import (
     ulimit_checks,
     version_tuple,
 )
-from builder.host.ready import parse_show
-from builder.host.report import DeployReport
-from builder.host.ssh import (
+from stackbuild.host.ready import parse_show
+from stackbuild.host.ssh import (
     HostAddress,
     known_hosts_name,
     parse_host,
@@ -28,8 +28,8 @@ from builder.host.ssh import (
     sh_argv,
     trust_hint,
 )
-from builder.host.state import HostPaths, HostState, LockOwner, is_stale, parse_state
-from builder.host.units import env_file_text, verify_errors
+from stackbuild.host.state import HostPaths, HostState, LockOwner, is_stale, parse_state
+from stackbuild.host.units import env_file_text, verify_errors
 
 HOSTILE = ["a;touch /tmp/pwned", "$(id)", "`id`", "it's \"quoted\"", "two\nlines", "$HOME", ""]
 
@@ -314,7 +314,7 @@ def test_report_downtime_sums_outages() -> None:
 
 
 def test_local_host_known_hosts_come_from_its_own_keys() -> None:
-    from builder.host.local import known_hosts_text, parse_pubkeys
+    from stackbuild.host.local import known_hosts_text, parse_pubkeys
 
     pubs = "ssh-ed25519 AAAAC3Nz root@box\necdsa-sha2-nistp256 AAAAE2Vj root@box\n\n"
     keys = parse_pubkeys(pubs)

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import InputError
-from builder.gate.result import GateResult, ProbeResult, Workload
-from builder.host.decide import verdict_of
-from builder.host.preflight import Gpu, check_gpus
-from builder.host.runner import gate_profile, pin, split_pinned
-from builder.spec import load_stack
+from stackbuild.errors import InputError
+from stackbuild.gate.result import GateResult, ProbeResult, Workload
+from stackbuild.host.decide import verdict_of
+from stackbuild.host.preflight import Gpu, check_gpus
+from stackbuild.host.session import gate_profile, pin, split_pinned
+from stackbuild.spec.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGEST = "sha256:" + "ab" * 32

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builder.host.secrets import BACKUP_SCRIPT, RESTORE_SCRIPT, merge, names_in
+from stackbuild.host.secrets import BACKUP_SCRIPT, RESTORE_SCRIPT, merge, names_in
 
 
 def test_nothing_given_changes_nothing() -> None:

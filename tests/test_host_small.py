@@ -36,7 +36,7 @@ def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
 
 
 def _cli(p: Project, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "builder", args[0], *p.host.ssh_args(), *args[1:]]  # ours win
+    argv = [sys.executable, "-m", "stackbuild", args[0], *p.host.ssh_args(), *args[1:]]  # ours win
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 

@@ -62,8 +62,8 @@ def test_two_hosts_run_side_by_side(testhost_factory: Any) -> None:
 def test_a_host_that_never_comes_up_is_not_left_behind(docker_client: Any, tmp_path: Path) -> None:
     import docker.errors
 
-    from builder.errors import InfraError
-    from builder.host import local
+    from stackbuild.errors import InfraError
+    from stackbuild.host import local
 
     name = f"sb-testhost-timeout-{uuid.uuid4().hex[:8]}"
     with pytest.raises(InfraError, match=f"host container {name}: its sshd did not answer"):

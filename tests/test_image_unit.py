@@ -1,4 +1,4 @@
-"""Pure core of builder.image: CLI choice, exact argv, hashing, parallelism, progress, smoke checks."""
+"""Pure core of stackbuild.image: CLI choice, exact argv, hashing, parallelism, progress, smoke checks."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from builder.errors import InfraError
-from builder.image import buildkit, context, smoke
-from builder.image.buildkit import Builder, BuildRequest, CliProbe
+from stackbuild.errors import InfraError
+from stackbuild.image import buildkit, context, smoke
+from stackbuild.image.buildkit import Builder, BuildRequest, CliProbe
 
 
 def test_buildx_is_preferred_over_builtin_buildkit() -> None:
@@ -96,8 +96,8 @@ def test_context_inputs_only_for_a_wheelhouse_and_keyed_by_sources(tmp_path: Pat
 
 
 def test_sim_image_hash_covers_the_wheelhouse_and_the_unit_names_that_tag() -> None:
-    from builder.render import render_stack
-    from builder.spec import load_stack
+    from stackbuild.render.stack import render_stack
+    from stackbuild.spec.load import load_stack
 
     stack = load_stack("sim")
     plain = render_stack(stack)
@@ -111,8 +111,8 @@ def test_sim_image_hash_covers_the_wheelhouse_and_the_unit_names_that_tag() -> N
 
 
 def test_a_stack_without_wheelhouse_hashes_as_rendered() -> None:
-    from builder.render import render_stack
-    from builder.spec import load_stack
+    from stackbuild.render.stack import render_stack
+    from stackbuild.spec.load import load_stack
 
     stack = load_stack("cuda13")
     assert context.rendered_for_image(stack).content_hash == render_stack(stack).content_hash
@@ -217,8 +217,9 @@ def test_summarize_failure_names_the_step_exit_code_and_cause() -> None:
 
 
 def test_one_cache_dir_for_builds_and_sglang_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from builder import paths, sglang
-    from builder.image import build
+    from stackbuild import paths
+    from stackbuild.image import build
+    from stackbuild.spec import sglang
 
     monkeypatch.delenv("STACKBUILD_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from test_report import USERS, result
 
-from builder.errors import InputError
-from builder.ledger import _MIGRATIONS, SCHEMA_VERSION, Ledger, redact, redact_text
+from stackbuild.errors import InputError
+from stackbuild.results.ledger import _MIGRATIONS, SCHEMA_VERSION, Ledger, redact, redact_text
 
 
 def test_fresh_ledger_is_at_the_latest_schema(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.lock import audit, elf
+from stackbuild.spec.lock import audit, elf
 
 MAGIC = 0xBA55ED50
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from helpers_spec import BASE, project, run_cli
 
-from builder.lock import audit, resolve, wheels
-from builder.lock.target import Target
+from stackbuild.spec.lock import audit, resolve, wheels
+from stackbuild.spec.lock.target import Target
 
 H_TORCH, H_RT, H_SGL = "d" * 64, "a" * 64, "c" * 64
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from helpers_spec import BASE, project, source_component
 
-from builder.image import smoke
-from builder.paths import shipped_dir
-from builder.render import render_stack
-from builder.spec import load_stack
+from stackbuild.image import smoke
+from stackbuild.paths import shipped_dir
+from stackbuild.render.stack import render_stack
+from stackbuild.spec.load import load_stack
 
 ROOT = shipped_dir("stacks").parent
 SGL_SOURCE = source_component(

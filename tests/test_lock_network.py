@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.lock import audit, resolve, target, wheels
+from stackbuild.spec.lock import audit, resolve, target, wheels
 
 pytestmark = pytest.mark.network
 
@@ -54,8 +54,8 @@ def test_yesterdays_cuda128_stack_resolves_to_cuda13_and_says_so(tmp_path: Path)
     located at the component that pulled it in, naming the 580 driver it needs."""
     from helpers_spec import project
 
-    from builder.lock import check
-    from builder.spec import load_stack
+    from stackbuild.spec.load import load_stack
+    from stackbuild.spec.lock import check
 
     spec = (
         "base_image: nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04\n"
@@ -113,7 +113,7 @@ def test_fatbin_reading_agrees_with_nvidia_cuobjdump(tmp_path: Path, monkeypatch
     import subprocess
     import zipfile
 
-    from builder.lock.elf import read_elf_path
+    from stackbuild.spec.lock.elf import read_elf_path
 
     monkeypatch.setenv("STACKBUILD_CACHE_DIR", str(tmp_path / "cache"))
     t = SMALL

@@ -9,10 +9,10 @@ import pytest
 from helpers_spec import BASE, project, run_cli, write_empty_lock
 from packaging.tags import Tag
 
-from builder.lock import check, resolve, target, wheels
-from builder.lock.audit import WheelAudit, dump_committed
-from builder.paths import shipped_dir
-from builder.spec import load_stack
+from stackbuild.paths import shipped_dir
+from stackbuild.spec.load import load_stack
+from stackbuild.spec.lock import check, resolve, target, wheels
+from stackbuild.spec.lock.audit import WheelAudit, dump_committed
 
 ROOT = shipped_dir("stacks").parent
 
@@ -137,7 +137,7 @@ def test_a_changed_component_makes_the_lock_stale(tmp_path: Path, capsys: pytest
 
 
 def test_the_content_hash_follows_the_lock(tmp_path: Path) -> None:
-    from builder.render import render_stack
+    from stackbuild.render.stack import render_stack
 
     root = project(tmp_path, {"s.yaml": BASE})
     h0 = render_stack(load_stack("s", root=root)).content_hash

@@ -21,9 +21,9 @@ def test_installed_wheel_lists_validates_and_renders(tmp_path: Path) -> None:
     )
     (wheel,) = dist.glob("stackbuild-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "builder/_shipped/templates/Dockerfile.sglang.j2" in names
-    assert "builder/_shipped/stacks/cuda13.yaml" in names
-    assert "builder/_shipped/stacks/patches/sglang-0.5.23-sm120-trtllm-allreduce.patch" in names
+    assert "stackbuild/_shipped/templates/Dockerfile.sglang.j2" in names
+    assert "stackbuild/_shipped/stacks/cuda13.yaml" in names
+    assert "stackbuild/_shipped/stacks/patches/sglang-0.5.23-sm120-trtllm-allreduce.patch" in names
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from helpers_spec import BASE, project, run_cli, write_empty_lock
 
-from builder.paths import shipped_dir
+from stackbuild.paths import shipped_dir
 
 SHIPPED = shipped_dir("stacks") / "patches" / "sglang-0.5.23-sm120-trtllm-allreduce.patch"
 WITH_FUSION = BASE.replace("    --tp-size: 8\n", "    --tp-size: 8\n    --flashinfer-allreduce-fusion-backend: auto\n")

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from aiohttp import ClientSession, web
 
-from builder.image import engine
-from builder.registry import manifest_digest, parse_ref
+from stackbuild.image import engine
+from stackbuild.image.registry import manifest_digest, parse_ref
 
 pytestmark = pytest.mark.integration
 

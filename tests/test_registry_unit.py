@@ -1,11 +1,11 @@
-"""Pure parsing in builder.registry."""
+"""Pure parsing in stackbuild.image.registry."""
 
 from __future__ import annotations
 
 import pytest
 
-from builder.errors import InputError
-from builder.registry import Ref, base_url, parse_ref, parse_registry
+from stackbuild.errors import InputError
+from stackbuild.image.registry import Ref, base_url, parse_ref, parse_registry
 
 D = "sha256:" + "ab" * 32
 

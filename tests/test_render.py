@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from helpers_spec import BASE, project, run_cli
 
-from builder.paths import shipped_dir
-from builder.render import docker_run_argv, exec_line, flag_args, render_stack, server_argv, systemd_quote
-from builder.spec import load_stack
+from stackbuild.paths import shipped_dir
+from stackbuild.render.stack import docker_run_argv, exec_line, flag_args, render_stack, server_argv, systemd_quote
+from stackbuild.spec.load import load_stack
 
 GOLDEN = Path(__file__).parent / "golden"
 ROOT = shipped_dir("stacks").parent
@@ -266,8 +266,8 @@ def test_committed_dockerfile_cuda13_is_fresh() -> None:
 
 
 def test_sim_flag_table_is_what_the_sim_command_takes() -> None:
-    from builder.check import SIM_FLAGS
-    from builder.commands.gate_cmds import sim_cmd
+    from stackbuild.cli.gate import sim_cmd
+    from stackbuild.spec.check import SIM_FLAGS
 
     opts = {o for p in sim_cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
     assert opts - {"--help"} == SIM_FLAGS

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from builder.cli import main
-from builder.gate.result import GateResult, LevelResult, Percentiles, RunMetrics, Workload
-from builder.ledger import Ledger
-from builder.report import build_report, render_markdown
+from stackbuild.cli.main import main
+from stackbuild.gate.result import GateResult, LevelResult, Percentiles, RunMetrics, Workload
+from stackbuild.results.ledger import Ledger
+from stackbuild.results.report import build_report, render_markdown
 
 WL = Workload(concurrency=(1, 30, 250), output_len=2048, runs=10)
 USERS = {  # seed-results.json "sweep" (seeds/004)
@@ -172,7 +172,7 @@ def test_per_variant_table_has_medians_ci_runs_and_verdicts(ledger: Ledger) -> N
 
 
 def test_builds_section_links_each_image_to_its_latest_deploy() -> None:
-    from builder.ledger import BuildRecord, DeployRecord
+    from stackbuild.results.ledger import BuildRecord, DeployRecord
 
     def build(i: int, at: str, variant: str | None, image: str, digest: str | None) -> BuildRecord:
         return BuildRecord(id=i, recorded_at=at, stack="cuda13", variant=variant, image=image, digest=digest,

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 from helpers_http import http, sse
 
-from builder.sim.process import SimProc, sim
+from stackbuild.sim.process import SimProc, sim
 
 pytestmark = pytest.mark.integration
 

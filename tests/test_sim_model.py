@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from builder.sim import api
-from builder.sim.faults import Fault, parse_fault
-from builder.sim.model import Sampler, steady_tok_s, step_ms
-from builder.sim.profiles import PROFILES, SimProfile, expected_accept
-from builder.sim.text import detokenize, greedy_ids, prompt_key
+from stackbuild.sim import api
+from stackbuild.sim.calibration import PROFILES, SimProfile, expected_accept
+from stackbuild.sim.faults import Fault, parse_fault
+from stackbuild.sim.model import Sampler, steady_tok_s, step_ms
+from stackbuild.sim.text import detokenize, greedy_ids, prompt_key
 
 # The users' sweep (seed-results.json "sweep", seeds/004), output tok/s at --speed 1,
 # the speculative configurations run with --max-running-requests 256 as the stacks do.
@@ -147,7 +147,7 @@ def test_parse_requests() -> None:
 def test_sim_cli_rejects_bad_input(
     args: list[str], msg: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from builder.cli import main
+    from stackbuild.cli.main import main
 
     assert main(["sim", "--port", "1", *args]) == 2
     assert msg in capsys.readouterr().err

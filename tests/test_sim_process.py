@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from helpers_http import http, sse
 
-from builder.errors import InfraError
-from builder.gate.readiness import wait_ready
-from builder.net import free_port
-from builder.sim.process import SimProc, sim
+from stackbuild.effects.net import free_port
+from stackbuild.errors import InfraError
+from stackbuild.gate.readiness import wait_ready
+from stackbuild.sim.process import SimProc, sim
 
 pytestmark = pytest.mark.integration
 

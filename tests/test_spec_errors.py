@@ -218,7 +218,7 @@ def test_unknown_stack(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_null_removes_an_inherited_key_so_the_default_applies(tmp_path: Path) -> None:
-    from builder.spec import load_stack
+    from stackbuild.spec.load import load_stack
 
     parent = BASE + "  shm_size: 1g\n" + "variants:\n  bare:\n    server: {flags: {--tp-size: null}}\n"
     child = "extends: _p\nruntime: {shm_size: null}\nserver: {env: {SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: null}}\n"

@@ -10,8 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builder.cli import main
-from builder.paths import shipped_dir
+from stackbuild.cli.main import main
+from stackbuild.paths import shipped_dir
 
 SHIPPED = {p.name: p.read_text() for p in sorted(shipped_dir("stacks").glob("*.yaml"))}
 LINE = re.compile(r"^(\S+:\d+:\d+: (error|warning): .+ \[[a-z0-9-]+\]|stackbuild: .+)$")

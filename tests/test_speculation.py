@@ -7,8 +7,8 @@ import math
 import pytest
 from test_report import USERS, result
 
-from builder.gate.result import TrafficResult
-from builder.speculation import Point, crossings, policy
+from stackbuild.gate.result import TrafficResult
+from stackbuild.results.speculation import Point, crossings, policy
 
 
 def test_crossing_interpolates_in_log_c_and_brackets_it_with_the_ci() -> None:

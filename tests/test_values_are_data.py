@@ -19,9 +19,10 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from builder.errors import SpecError
-from builder.render import docker_run_argv, image_ref, render_stack
-from builder.spec import Stack, load_stack
+from stackbuild.errors import SpecError
+from stackbuild.render.stack import docker_run_argv, image_ref, render_stack
+from stackbuild.spec.load import load_stack
+from stackbuild.spec.stack import Stack
 
 BASE: dict[str, Any] = {
     "description": "plain",

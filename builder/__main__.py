@@ -1,3 +1,0 @@
-from builder.cli import run
-
-run()

@@ -1,0 +1,3 @@
+from stackbuild.cli.main import run
+
+run()

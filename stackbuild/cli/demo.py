@@ -1,0 +1,145 @@
+"""`stackbuild demo`: the whole pipeline on this machine, then the results table.
+
+Infra (dockerd, registry, base and test-host images) -> build the sim stack
+with BuildKit and push it -> start a systemd+sshd host container on 127.0.0.1
+-> deploy the baseline (first deploy: absolute bars), then candidates that the
+gate judges against it: a better one is promoted, a slower and a crashing one
+are rolled back -> print the results table from the ledger.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stackbuild.errors import InfraError
+from stackbuild.host.outcome import DeployReport
+
+# (variant, what the demo shows with it)
+SEQUENCE: tuple[tuple[str, str], ...] = (
+    ("baseline", "first deploy: absolute bars only, promoted"),
+    ("eagle3-topk1-v2", "a candidate gated against the incumbent on the same host"),
+    ("slower", "a slower candidate: the gate fails, the incumbent is put back"),
+    ("crash-on-start", "a crashing candidate: classified, rolled back"),
+)
+HOST_CONTAINER = "stackbuild-demo-host"
+
+
+@click.command("demo")
+@click.option(
+    "--keep-host/--remove-host",
+    default=False,
+    show_default=True,
+    help="Leave the demo host container (and the promoted server on the sim port) running afterwards.",
+)
+@click.option("--registry", default="127.0.0.1:5000/stackbuild", show_default=True)
+@click.option("--host-name", default=HOST_CONTAINER, show_default=True, help="Name of the local host container.")
+@click.option(
+    "--fleet",
+    "fleet_n",
+    type=click.IntRange(1, 8),
+    default=None,
+    help="Start N local hosts and roll the sim stack out as a fleet: baseline, a failing and a passing candidate.",
+)
+@click.pass_context
+def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str, fleet_n: int | None) -> None:
+    """Whole pipeline on the local sim stack and a local test host; prints the results table."""
+    from stackbuild.host import local
+    from stackbuild.host.session import DeployArgs, pin, run_deploy
+    from stackbuild.host.ssh import SshOptions
+    from stackbuild.paths import stack_root
+    from stackbuild.spec.load import load_stack
+
+    root = stack_root((ctx.obj or {}).get("root"))
+    _ensure_infra(root)
+    base = load_stack("sim", root=(ctx.obj or {}).get("root"))
+    click.echo(f"demo: building {base.label} with BuildKit and pushing it to {registry}")
+    from stackbuild.cli.build import record_build
+    from stackbuild.image.build import build_stack
+
+    built = build_stack(base, registry=registry, push=True)
+    if not built.digest:
+        raise InfraError("demo: the build pushed no digest; cannot deploy by digest")
+    image = pin(built.image, built.digest)
+    click.echo(f"demo: image {image}")
+    ledger = root / ".stackbuild" / "ledger.db"
+    record_build(base, built, ledger)
+    if fleet_n:
+        from stackbuild.cli.demo_fleet import run_demo_fleet
+
+        run_demo_fleet(fleet_n, root, (ctx.obj or {}).get("root"), image, registry, ledger, keep_host, click.echo)
+        return
+
+    work = root / ".stackbuild" / "demo"
+    host = local.start(work, name=host_name)
+    click.echo(f"demo: host container {host.container} on {host.target}")
+    reports: list[DeployReport] = []
+    ssh = SshOptions(known_hosts=host.known_hosts, key_filename=str(host.key))
+    codes: list[tuple[str, int]] = []
+    try:
+        for variant, what in SEQUENCE:
+            if variant not in base.variants:
+                continue
+            click.echo(f"\n=== deploy {base.name} --variant {variant}: {what}")
+            stack = load_stack("sim", root=(ctx.obj or {}).get("root"), variant=variant)
+            args = DeployArgs(
+                stack=stack,
+                host_text=host.target,
+                ssh=ssh,
+                strategy=stack.host.strategy,
+                image=image,
+                registry=registry,
+                ledger=ledger,
+                root=root,
+            )
+            codes.append((variant, run_deploy(args, echo=click.echo, reports=reports)))
+    finally:
+        if not keep_host:
+            local.stop(host, (base.host.service,))
+    click.echo("\n=== results")
+    try:
+        from stackbuild.results.writer import update_report
+
+        report = update_report(ledger)
+    except ImportError:  # no report writer here: a table of this run's deploys instead
+        click.echo(deploy_table(reports))
+    else:
+        click.echo(f"({report})\n")
+        click.echo(report.read_text())
+    click.echo("demo: exit codes: " + ", ".join(f"{v}={c}" for v, c in codes))
+    if codes and codes[0][1] != 0:
+        raise InfraError(f"demo: the first deploy ({codes[0][0]}) was not promoted; see its report above for the cause")
+
+
+def deploy_table(reports: list[DeployReport]) -> str:
+    rows = ["| config | outcome | exit | verdict | downtime s | cause |", "|---|---|---|---|---|---|"]
+    for r in reports:
+        cause = (r.cause or "").splitlines()[0].replace("|", "/")[:90] if r.cause else ""
+        down = f"{r.downtime_s:.2f}" if r.downtime_s is not None else ""
+        rows.append(f"| {r.stack} | {r.outcome} | {r.exit_code} | {r.verdict or ''} | {down} | {cause} |")
+    return "\n".join(rows)
+
+
+def _ensure_infra(root: Path) -> None:
+    """dockerd, registry and images up (what `make demo` did already); else run up.sh."""
+    from stackbuild.effects import proc
+
+    ok = proc.run(["/usr/bin/docker", "info"], check=False, timeout=20).returncode == 0
+    have = (
+        ok
+        and proc.run(
+            ["/usr/bin/docker", "image", "inspect", "local/stackbuild-testhost:bookworm"], check=False
+        ).returncode
+        == 0
+    )
+    if have:
+        return
+    script = root / "scripts" / "infra" / "up.sh"
+    if not script.exists():
+        raise InfraError(
+            "demo: dockerd/registry/images are not up and scripts/infra/up.sh is "
+            "not here; run `make demo` from the project checkout"
+        )
+    click.echo("demo: bringing up local infrastructure (scripts/infra/up.sh)")
+    proc.run(["bash", str(script)], timeout=1800, what="scripts/infra/up.sh")

@@ -1,0 +1,79 @@
+"""`stackbuild demo --fleet N`: N local systemd+sshd hosts, the sim stack rolled out as a fleet.
+
+Baseline everywhere, then a failing candidate (stopped at the canary, the rest
+untouched), then a passing one through every wave; prints the per-host table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from stackbuild.errors import InfraError
+
+# (variant, what the demo shows with it, the exit code it must end with)
+FLEET_SEQUENCE: tuple[tuple[str | None, str, int], ...] = (
+    (None, "the baseline to every host (first deploys: absolute bars)", 0),
+    ("slower", "a slower candidate: the canary's gate fails, no other host is touched", 1),
+    ("eagle3-topk1-v2", "a better candidate: canary, then every wave, each soaked", 0),
+)
+
+
+def inventory_text(hosts: list[tuple[str, int, int]]) -> str:
+    """hosts: (ssh target, port, staging port); one service name per host (they share this machine)."""
+    lines = ["# written by stackbuild demo --fleet", "fleet:", "  waves: [1, '50%', '100%']", "  soak_s: 2",
+             "  soak_interval_s: 0.5", "hosts:"]
+    for i, (target, port, staging) in enumerate(hosts):
+        lines += [f"  - name: h{i}", f"    address: {target}", f"    port: {port}", f"    staging_port: {staging}",
+                  f"    service: stackbuild-sim-h{i}"]
+    return "\n".join(lines) + "\n"
+
+
+def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, registry: str, ledger: Path,
+                   keep: bool, echo: Callable[[str], None]) -> None:
+    from stackbuild.effects.net import free_port
+    from stackbuild.fleet.record import rollouts
+    from stackbuild.fleet.session import FleetArgs, run_fleet
+    from stackbuild.fleet.status import read_fleet, render
+    from stackbuild.host import local
+    from stackbuild.host.ssh import SshOptions
+    from stackbuild.results.ledger import Ledger
+    from stackbuild.spec.load import load_stack
+
+    work = root / ".stackbuild" / "demo-fleet"
+    hosts: list[local.LocalHost] = []
+    known = ""
+    codes: list[int] = []
+    try:
+        for i in range(n):
+            h = local.start(work, name=f"stackbuild-demo-fleet-{i}")
+            hosts.append(h)
+            known += h.known_hosts.read_text()  # start() rewrites the file per host: gather them
+            echo(f"demo: host h{i}: container {h.container} on {h.target}")
+        (work / "fleet_known_hosts").write_text(known)
+        inv = work / "inventory.yaml"
+        inv.write_text(inventory_text([(h.target, free_port(), free_port()) for h in hosts]))
+        ssh = SshOptions(known_hosts=work / "fleet_known_hosts", key_filename=str(hosts[0].key))
+        for variant, what, want in FLEET_SEQUENCE:
+            echo(f"\n=== deploy sim{' --variant ' + variant if variant else ''} --fleet: {what}")
+            stack = load_stack("sim", root=root_opt, variant=variant)
+            code = run_fleet(FleetArgs(stack=stack, ssh=ssh, inventory=inv, image=image, registry=registry,
+                                       ledger=ledger, root=root, profile_name="busy"), echo=echo)
+            codes.append(code)
+            if code != want:
+                raise InfraError(f"demo --fleet: the {variant or 'baseline'} rollout exited {code}, expected {want}; "
+                                 "see its table above")
+        echo("\n=== fleet status")
+        base = load_stack("sim", root=root_opt)
+        rows = read_fleet(base, ssh, None, inv)
+        with Ledger(ledger) as db:
+            last = rollouts(db)[-1]
+        echo(render(rows, last))
+        wrong = [r.host for r in rows if r.release != "sim-eagle3-topk1-v2" or not r.active]
+        if wrong:
+            raise InfraError(f"demo --fleet: not on the passing candidate: {', '.join(wrong)}")
+        echo(f"demo: every host ({n}) runs the passing candidate")
+    finally:
+        if not keep:
+            for i, h in enumerate(hosts):
+                local.stop(h, (f"stackbuild-sim-h{i}",))

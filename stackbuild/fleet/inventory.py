@@ -1,0 +1,105 @@
+"""Which hosts a rollout covers, and each host's view of the stack (its overrides applied).
+
+Hosts come from the stack (`host.hosts`), from an inventory file (`host.inventory`
+or `--inventory`), or from `--hosts a,b,c` (names from those, or addresses).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from stackbuild.errors import Finding, InputError, SpecError
+from stackbuild.spec.fleet import Fleet, FleetHost, Inventory
+from stackbuild.spec.stack import Stack
+from stackbuild.spec.yamlpos import YamlProblem, load_located
+
+_KEYS = {"hosts", "fleet", *FleetHost.model_fields, *Fleet.model_fields}
+
+
+def load_inventory(path: Path) -> Inventory:
+    """An inventory YAML file, every problem a file:line:col line (exit 2)."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read the inventory ({err.strerror}); pass --inventory FILE") from err
+    try:
+        loc = load_located(text, str(path))
+    except YamlProblem as err:
+        raise SpecError([Finding(err.pos.file, err.pos.line, err.pos.col, "error", err.message, err.rule)]) from err
+    try:
+        return Inventory.model_validate(loc.data if isinstance(loc.data, dict) else {"hosts": loc.data})
+    except ValidationError as err:
+        findings = []
+        for e in err.errors():
+            path_ = tuple(p for p in e["loc"] if isinstance(p, int) or str(p) in _KEYS or str(p).startswith("-"))
+            if e["type"] == "extra_forbidden":
+                path_ = (*path_, e["loc"][-1])
+                pos = loc.keys.get(path_, loc.pos(path_))
+                msg = "unknown key; remove it or fix its spelling"
+            else:
+                pos = loc.pos(path_)
+                msg = e["msg"].removeprefix("Value error, ")
+            what = ".".join(str(p) for p in path_) or "(top level)"
+            findings.append(Finding(pos.file, pos.line, pos.col, "error", f"{what}: {msg}", "inventory"))
+        raise SpecError(findings) from err
+
+
+def fleet_of(stack: Stack, inventory: Path | None = None) -> tuple[list[FleetHost], Fleet]:
+    """The declared hosts and rollout policy: --inventory, else host.inventory, else host.hosts."""
+    path = inventory or (stack.root / stack.host.inventory if stack.host.inventory else None)
+    if path is not None:
+        inv = load_inventory(path)
+        return list(inv.hosts), inv.fleet or stack.host.fleet
+    return list(stack.host.hosts), stack.host.fleet
+
+
+def select(declared: list[FleetHost], wanted: list[str] | None, where: str) -> list[FleetHost]:
+    """`--hosts a,b,c`: names of declared hosts keep their overrides; other words are addresses."""
+    if not wanted:
+        if not declared:
+            raise InputError(f"{where}: no fleet: list hosts under host.hosts, point host.inventory at a "
+                             "file, or pass --hosts a,b,c")
+        _unique(declared, where)
+        return declared
+    by_name = {h.name: h for h in declared}
+    chosen = [by_name.get(w) or FleetHost.model_construct(name=w, address=w, flags={}) for w in wanted]
+    _unique(chosen, where)
+    return chosen
+
+
+def _unique(hosts: list[FleetHost], where: str) -> None:
+    seen: set[str] = set()
+    for h in hosts:
+        if h.name in seen:
+            raise InputError(f"{where}: host {h.name!r} is listed twice; a host takes one place in the plan")
+        seen.add(h.name)
+
+
+def host_stack(stack: Stack, h: FleetHost) -> Stack:
+    """The stack as this host runs it: its port, service, GPU count, driver and flags."""
+    runtime = {k: v for k, v in {"port": h.port, "staging_port": h.staging_port, "gpus": h.gpus}.items()
+               if v is not None}
+    host = {"address": h.target} | {k: v for k, v in {"service": h.service, "driver": h.driver}.items() if v}
+    server = {"flags": {**stack.server.flags, **h.flags}} if h.flags else {}
+    return stack.model_copy(update={
+        "runtime": stack.runtime.model_copy(update=runtime),
+        "host": stack.host.model_copy(update=host),
+        "server": stack.server.model_copy(update=server),
+    })
+
+
+def check_host_flags(stack: Stack, hosts: list[FleetHost], where: str) -> None:
+    """Per-host flags pass the same flag check `validate` runs on server.flags, before any host
+    is touched; every error is one line naming the host (exit 2)."""
+    from stackbuild.spec.check import check_flags
+
+    problems = []
+    for h in hosts:
+        if h.flags:
+            for f in check_flags(host_stack(stack, h), offline=False):
+                if f.severity == "error" and any(flag in f.message for flag in h.flags):
+                    problems.append(f"{where}: error: host {h.name}: {f.message} [{f.rule}]")
+    if problems:
+        raise InputError("\n".join(problems))

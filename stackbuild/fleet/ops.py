@@ -1,0 +1,195 @@
+"""The real `FleetOps`: each call opens its own SSH connection to one host and goes
+through the single-host code (preflight, ensure_image, run_deploy, converge.rollback).
+
+Hosts run in parallel threads, so nothing here is shared between calls except
+read-only settings and the output lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stackbuild.errors import StackbuildError
+from stackbuild.fleet.inventory import host_stack
+from stackbuild.fleet.plan import host_class, spread
+from stackbuild.fleet.rollout import DeployResult, HostView
+from stackbuild.fleet.soak import Sample, parse_counters, soak
+from stackbuild.gate.result import GateResult
+from stackbuild.host.ssh import FabricRemote, SshOptions, connect, parse_host
+from stackbuild.host.state import HostPaths
+from stackbuild.spec.fleet import FleetHost
+from stackbuild.spec.stack import Stack
+
+
+@dataclass
+class RealOps:
+    stack: Stack
+    hosts: dict[str, FleetHost]
+    image: str  # pinned REPO@sha256:...
+    ssh: SshOptions
+    registry: str | None = None
+    profile_name: str | None = None
+    tunnel: bool | None = None
+    ledger: Path | None = None
+    root: Path | None = None
+    secrets: dict[str, str] = field(default_factory=dict)
+    echo: Callable[[str], None] = print
+    pull_timeout_s: float = 1800.0
+    _out: threading.Lock = field(default_factory=threading.Lock)
+
+    def stack_of(self, host: str) -> Stack:
+        hs = host_stack(self.stack, self.hosts[host])
+        # the registry channel moves once, when the whole rollout completed (runner.py), not per host
+        return hs.model_copy(update={"host": hs.host.model_copy(update={"channel": None})})
+
+    def paths(self, host: str) -> HostPaths:
+        hs = self.stack_of(host)
+        return HostPaths(hs.host.state_dir, hs.host.service)
+
+    @contextmanager
+    def remote(self, host: str) -> Iterator[FabricRemote]:
+        r = connect(parse_host(self.hosts[host].target), self.ssh)
+        try:
+            yield r
+        finally:
+            r.close()
+
+    def say(self, host: str, lines: list[str]) -> None:
+        with self._out:
+            for ln in lines:
+                for part in ln.splitlines() or [""]:
+                    self.echo(f"[{host}] {part}")
+
+    # --- FleetOps ---------------------------------------------------------------
+    def preflight(self, host: str) -> str | None:
+        from stackbuild.host import units
+        from stackbuild.host.preflight import run_preflight
+        from stackbuild.host.state import read_state
+
+        hs, paths = self.stack_of(host), self.paths(host)
+        sbs = hs.host.strategy == "side-by-side"
+        with self.remote(host) as r:
+            state = read_state(r, paths)
+            active = state.current is not None and units.is_active(r, paths.main_unit)
+            # the same ports a single deploy checks: ours may be held by our own incumbent
+            port = hs.runtime.staging_port if sbs else hs.runtime.port
+            ports = {port: not sbs and active} | ({hs.runtime.port: active} if sbs else {})
+            pf = run_preflight(r, hs, image=self.image, ports=ports,
+                               need_free_kib=(1 if hs.runtime.gpus == "none" else 64) * 2**20)
+        if pf.ok:
+            return None
+        return "; ".join(f"{c.name}: {c.detail}" for c in pf.failures)
+
+    def view(self, host: str) -> HostView:
+        from stackbuild.host.converge import status
+        from stackbuild.render.stack import render_unit
+
+        hs, paths = self.stack_of(host), self.paths(host)
+        with self.remote(host) as r:
+            st = status(r, paths)
+            lock = r.run(["cat", f"{paths.lock_dir}/owner.json"], check=False, what="read the lock",
+                         changes=False)
+        cur = st.state.current
+        want = render_unit(hs, image=self.image, port=hs.runtime.port, name=hs.host.service)
+        return HostView(
+            on_candidate=bool(cur and cur.image == self.image and cur.unit == want and st.active),
+            image=cur.image if cur else None,
+            verdict=st.state.last_verdict,
+            pending=st.state.pending is not None,
+            lock=lock.stdout.strip() or None if lock.ok else None,
+            active=st.active,
+        )
+
+    def pull(self, host: str) -> str | None:
+        from stackbuild.host import units
+
+        with self.remote(host) as r:
+            units.ensure_image(r, self.image, self.pull_timeout_s)
+        return None
+
+    def deploy(self, host: str) -> DeployResult:
+        from stackbuild.host.outcome import DeployReport
+        from stackbuild.host.session import DeployArgs, run_deploy
+
+        hs = self.stack_of(host)
+        lines: list[str] = []
+        reports: list[DeployReport] = []
+        args = DeployArgs(stack=hs, host_text=self.hosts[host].target, ssh=self.ssh, strategy=hs.host.strategy,
+                          image=self.image, registry=self.registry, profile_name=self.profile_name,
+                          tunnel=self.tunnel, ledger=self.ledger, root=self.root, secrets=self.secrets)
+        try:
+            code = run_deploy(args, echo=lines.append, reports=reports)
+        except Exception as err:
+            # run_deploy records after deciding: an error there (ledger, report) may follow a promotion,
+            # so ask the host what it runs rather than guess
+            lines.append(f"deploy did not finish cleanly: {(str(err) or type(err).__name__).splitlines()[0]}")
+            self.say(host, lines)
+            if not isinstance(err, StackbuildError) and not self.view(host).on_candidate:
+                raise
+            if self.view(host).on_candidate:
+                return DeployResult("promoted", 0, None, f"promoted; {lines[-1]}")
+            return DeployResult("failed", getattr(err, "exit_code", 4), cause=str(err).splitlines()[0])
+        self.say(host, lines)
+        rep = reports[-1]
+        medians: dict[int, float] = {}
+        noise: dict[int, float] = {}
+        if rep.gate_json:
+            g = GateResult.model_validate_json(rep.gate_json)
+            medians = {lv.concurrency: lv.median_output_tok_s for lv in g.levels}
+            noise = {lv.concurrency: spread([r.output_tok_s for r in lv.runs]) for lv in g.levels}
+        return DeployResult(rep.outcome, code, rep.verdict, rep.cause, medians, noise)
+
+    def soak(self, host: str, seconds: float, interval_s: float) -> str | None:
+        from stackbuild.host.ready import generate_probe, http_status, parse_show
+        from stackbuild.host.session import Endpoint
+
+        hs, paths = self.stack_of(host), self.paths(host)
+        with self.remote(host) as r, Endpoint(r, parse_host(self.hosts[host].target), self.tunnel)(
+                hs.runtime.port) as url:
+
+            def sample() -> Sample:
+                status = http_status(f"{url}/health_generate", timeout=20.0)
+                ok, detail = generate_probe(url)
+                show = r.run(["systemctl", "show", paths.main_unit, "-p", "ActiveState", "-p", "SubState",
+                              "-p", "NRestarts", "-p", "Result", "-p", "ExecMainStatus"],
+                             check=False, what="unit state", changes=False)
+                unit = parse_show(show.stdout)
+                return Sample(status, ok, detail, _metrics(url), unit.active, unit.restarts)
+
+            res = soak(sample, seconds, interval_s)
+        self.say(host, [f"soak: {'held' if res.ok else 'REGRESSED'}: {res.detail}"])
+        return None if res.ok else res.detail
+
+    def revert(self, host: str) -> str | None:
+        from stackbuild.host import converge
+        from stackbuild.host.outcome import DeployReport
+        from stackbuild.host.ready import Probes
+        from stackbuild.host.session import Endpoint
+
+        hs, paths = self.stack_of(host), self.paths(host)
+        rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy="rollback")
+        with self.remote(host) as r:
+            conv = converge.converger_for(hs, Endpoint(r, parse_host(self.hosts[host].target), self.tunnel),
+                                          rep, Probes(), self.pull_timeout_s)
+            converge.rollback(r, paths, conv, lock_ttl_s=4 * 3600)
+        self.say(host, ["reverted to the incumbent: " + (rep.cause or rep.outcome)])
+        return None
+
+    def host_class(self, host: str) -> str:
+        h, hs = self.hosts[host], self.stack_of(host)
+        return host_class(hs.runtime.gpus, h.gpu_model, hs.host.driver)
+
+
+def _metrics(url: str) -> dict[str, float]:
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10.0) as resp:
+            return parse_counters(resp.read().decode(errors="replace"))
+    except (OSError, ValueError):
+        return {}  # /metrics needs --enable-metrics on sglang: without it, watch the rest
+
+

@@ -1,0 +1,222 @@
+"""Run a rollout plan against the hosts through `FleetOps` (real: ops.py; tests: a fake).
+
+Order: preflight every host (one failure refuses the rollout, nothing changed),
+read where each host stands (hosts already on the candidate are skipped: a
+re-run resumes), pull everywhere (bounded), then wave by wave: deploy the wave's
+hosts in parallel, collect every result, flag outliers against the canary, soak,
+and decide for the whole wave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from stackbuild.errors import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK
+from stackbuild.fleet.plan import PASSED, decide_wave, outliers, remaining
+
+SOAK_FAILED = "soak-failed"
+
+
+@dataclass(frozen=True)
+class HostView:
+    on_candidate: bool  # runs exactly the candidate release (image and unit), nothing pending
+    image: str | None = None
+    verdict: str | None = None
+    pending: bool = False
+    lock: str | None = None
+    active: bool = False
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    outcome: str  # promoted | rolled-back | refused | failed (the single-host outcomes)
+    exit_code: int
+    verdict: str | None = None
+    cause: str | None = None
+    medians: Mapping[int, float] = field(default_factory=dict)  # candidate output tok/s per level
+    noise: Mapping[int, float] = field(default_factory=dict)  # relative spread of its runs per level
+
+
+class FleetOps(Protocol):
+    def preflight(self, host: str) -> str | None: ...  # None: ready; else why not
+    def view(self, host: str) -> HostView: ...
+    def pull(self, host: str) -> str | None: ...
+    def deploy(self, host: str) -> DeployResult: ...
+    def soak(self, host: str, seconds: float, interval_s: float) -> str | None: ...  # None: held up
+    def revert(self, host: str) -> str | None: ...  # back to the incumbent; None: done
+    def host_class(self, host: str) -> str: ...
+
+
+@dataclass
+class HostRow:
+    host: str
+    wave: int
+    outcome: str = "untouched"  # + already | promoted | rolled-back | refused | failed | soak-failed | reverted
+    verdict: str | None = None
+    detail: str = ""
+    flagged: str | None = None
+    medians: dict[int, float] = field(default_factory=dict)
+    noise: dict[int, float] = field(default_factory=dict)
+
+
+class Recorder(Protocol):
+    def host(self, row: HostRow) -> None: ...
+    def finish(self, outcome: str, cause: str | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class Settings:
+    policy: str = "halt"
+    soak_s: float = 0.0
+    soak_interval_s: float = 1.0
+    pull_parallel: int = 4
+    outlier_tolerance: float = 0.1
+
+
+@dataclass
+class RolloutResult:
+    outcome: str = "running"  # completed | stopped | refused
+    exit_code: int = EXIT_OK
+    cause: str | None = None
+    rows: dict[str, HostRow] = field(default_factory=dict)
+
+
+T = TypeVar("T")
+
+
+def each(hosts: Iterable[str], fn: Callable[[str], T], limit: int) -> dict[str, T | Exception]:
+    """fn on every host, at most `limit` at once; every host reports (an exception is its result)."""
+    hosts = list(hosts)
+    if not hosts:
+        return {}
+
+    def safe(h: str) -> T | Exception:
+        try:
+            return fn(h)
+        except Exception as err:  # one host's failure is that host's result, not the rollout's crash
+            return err
+
+    with ThreadPoolExecutor(max_workers=max(1, min(limit, len(hosts)))) as pool:
+        return dict(zip(hosts, pool.map(safe, hosts), strict=True))
+
+
+def _why(x: object) -> str | None:
+    if isinstance(x, Exception):
+        return (str(x) or type(x).__name__).splitlines()[0]
+    return x if isinstance(x, str) else None
+
+
+def run_rollout(
+    waves: list[list[str]],
+    ops: FleetOps,
+    settings: Settings,
+    rec: Recorder,
+    echo: Callable[[str], None] = print,
+    reference: Mapping[int, float] | None = None,
+) -> RolloutResult:
+    res = RolloutResult()
+    for i, wave in enumerate(waves):
+        for h in wave:
+            res.rows[h] = HostRow(h, i)
+    everyone = [h for w in waves for h in w]
+
+    def stop(outcome: str, code: int, cause: str) -> RolloutResult:
+        res.outcome, res.exit_code, res.cause = outcome, code, cause
+        for row in res.rows.values():
+            rec.host(row)
+        rec.finish(outcome, cause)
+        echo(f"fleet: {outcome}: {cause}")
+        return res
+
+    echo(f"fleet: preflight of {len(everyone)} host(s)")
+    pre = each(everyone, ops.preflight, settings.pull_parallel)
+    bad = {h: _why(r) for h, r in pre.items() if r is not None}
+    if bad:
+        for h, why in bad.items():
+            res.rows[h].outcome, res.rows[h].detail = "refused", f"preflight: {why}"
+        names = ", ".join(sorted(bad))
+        return stop("refused", EXIT_INFRA, f"preflight failed on {names}; no host was changed")
+
+    views = each(everyone, ops.view, settings.pull_parallel)
+    done = set()
+    for h, v in views.items():
+        if isinstance(v, Exception):
+            res.rows[h].outcome, res.rows[h].detail = "refused", f"state: {_why(v)}"
+            return stop("refused", EXIT_INFRA, f"cannot read the state of {h}; no host was changed")
+        if v.on_candidate and not v.pending:
+            done.add(h)
+            res.rows[h].outcome, res.rows[h].verdict = "already", v.verdict
+            res.rows[h].detail = "already runs the candidate"
+    if done:
+        echo(f"fleet: already on the candidate, skipped: {', '.join(h for h in everyone if h in done)}")
+
+    todo = [h for h in everyone if h not in done]
+    echo(f"fleet: pulling the candidate on {len(todo)} host(s), {settings.pull_parallel} at a time")
+    pulled = each(todo, ops.pull, settings.pull_parallel)
+    bad = {h: _why(r) for h, r in pulled.items() if r is not None}
+    if bad:
+        for h, why in bad.items():
+            res.rows[h].outcome, res.rows[h].detail = "refused", f"pull: {why}"
+        return stop("refused", EXIT_INFRA, f"pull failed on {', '.join(sorted(bad))}; no service was changed")
+
+    ref = dict(reference or {})
+    ref_host = waves[0][0]
+    promoted_before = [h for h in everyone if h in done]
+    for i, hosts in remaining(waves, done):
+        label = "canary" if i == 0 else f"wave {i}"
+        echo(f"\nfleet: {label}: {', '.join(hosts)}")
+        results = each(hosts, ops.deploy, len(hosts))
+        outcomes: dict[str, str] = {}
+        for h, r in results.items():
+            row = res.rows[h]
+            if isinstance(r, Exception):
+                row.outcome, row.detail = "failed", f"deploy: {_why(r)}"
+            else:
+                row.outcome, row.verdict, row.detail = r.outcome, r.verdict, r.cause or ""
+                row.medians, row.noise = dict(r.medians), dict(r.noise)
+            outcomes[h] = row.outcome
+        if not ref and ref_host in results and outcomes.get(ref_host) == PASSED:
+            ref = res.rows[ref_host].medians
+        cls = ops.host_class(ref_host)
+        same = {h: res.rows[h].medians for h in hosts if outcomes[h] == PASSED and h != ref_host
+                and ops.host_class(h) == cls}
+        noise = {h: res.rows[h].noise for h in same} | {"": res.rows[ref_host].noise}
+        for h, why in outliers(ref, same, settings.outlier_tolerance, noise).items():
+            res.rows[h].flagged = why
+            echo(f"fleet: FLAGGED {h}: reads off its class ({cls}): {why}")
+        if settings.soak_s > 0 and all(o == PASSED for o in outcomes.values()):
+            echo(f"fleet: soaking {label} for {settings.soak_s:g}s")
+            soaked = each(hosts, lambda h: ops.soak(h, settings.soak_s, settings.soak_interval_s), len(hosts))
+            for h, sr in soaked.items():
+                if sr is not None:
+                    res.rows[h].outcome, res.rows[h].detail = SOAK_FAILED, f"soak: {_why(sr)}"
+                    outcomes[h] = SOAK_FAILED
+        for h in hosts:
+            row = res.rows[h]
+            echo(f"  {h}: {row.outcome}" + (f" ({row.verdict})" if row.verdict else "")
+                 + (f": {row.detail.splitlines()[0][:160]}" if row.detail and row.outcome != PASSED else ""))
+        decision = decide_wave(outcomes, promoted_before, settings.policy, on_candidate=(PASSED, SOAK_FAILED))
+        if decision.go_on:
+            for h in hosts:
+                rec.host(res.rows[h])
+            promoted_before += hosts
+            continue
+        echo(f"fleet: stop at {label}: {decision.why}")
+        back = each(decision.revert, ops.revert, settings.pull_parallel)
+        for h, br in back.items():
+            row = res.rows[h]
+            if br is None:
+                row.detail = (f"{row.detail}; " if row.outcome != PASSED else "") + "put back to the incumbent"
+                row.outcome = row.outcome if row.outcome == SOAK_FAILED else "reverted"
+            else:
+                row.outcome, row.detail = "failed", f"revert failed: {_why(br)}"
+        codes = [r.exit_code for r in results.values() if isinstance(r, DeployResult) and r.outcome != PASSED]
+        failed_infra = any(isinstance(r, Exception) for r in results.values()) or any(
+            res.rows[h].outcome == "failed" for h in back)
+        code = EXIT_INFRA if failed_infra or EXIT_INFRA in codes else (
+            EXIT_INCONCLUSIVE if codes and all(c == EXIT_INCONCLUSIVE for c in codes) else EXIT_GATE_FAILED)
+        return stop("stopped", code, f"{label} failed: {decision.why}")
+    return stop("completed", EXIT_OK, f"every host runs the candidate ({len(everyone)} host(s))")

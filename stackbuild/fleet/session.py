@@ -1,0 +1,104 @@
+"""Glue between `stackbuild deploy --fleet` / `status --fleet` and the rollout: hosts, image,
+plan, rollout id (resumed from the ledger), the real ops, the per-host table."""
+
+from __future__ import annotations
+
+import secrets as _secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from stackbuild.fleet.inventory import check_host_flags, fleet_of, select
+from stackbuild.fleet.ops import RealOps
+from stackbuild.fleet.plan import plan_waves
+from stackbuild.fleet.rollout import RolloutResult, Settings, run_rollout
+from stackbuild.host.ssh import SshOptions
+from stackbuild.spec.fleet import Fleet
+from stackbuild.spec.stack import Stack
+
+
+@dataclass
+class FleetArgs:
+    stack: Stack
+    ssh: SshOptions
+    hosts: list[str] | None = None
+    inventory: Path | None = None
+    on_failure: str | None = None
+    soak_s: float | None = None
+    image: str | None = None
+    registry: str | None = None
+    profile_name: str | None = None
+    tunnel: bool | None = None
+    ledger: Path | None = None
+    root: Path | None = None
+    secrets: dict[str, str] = field(default_factory=dict)
+
+
+def settings_for(fleet: Fleet, args: FleetArgs, tolerance: float) -> Settings:
+    return Settings(
+        policy=args.on_failure or fleet.on_failure,
+        soak_s=fleet.soak_s if args.soak_s is None else args.soak_s,
+        soak_interval_s=fleet.soak_interval_s,
+        pull_parallel=fleet.pull_parallel,
+        outlier_tolerance=fleet.outlier_tolerance or min(0.9, 2 * tolerance),
+    )
+
+
+def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print) -> int:
+    from stackbuild.fleet.record import LedgerRecorder, rollouts, start_rollout
+    from stackbuild.host.session import DeployArgs, gate_profile, resolve_image
+    from stackbuild.results.ledger import Ledger, default_ledger_path
+
+    declared, fleet = fleet_of(args.stack, args.inventory)
+    hosts = select(declared, args.hosts, str(args.stack.source))
+    check_host_flags(args.stack, hosts, str(args.inventory or args.stack.source))
+    profile = gate_profile(args.stack, args.profile_name)
+    settings = settings_for(fleet, args, profile.tolerance)
+    waves = plan_waves([h.name for h in hosts], fleet.waves, fleet.max_parallel)
+    ledger = args.ledger or default_ledger_path(args.root or Path.cwd())
+    image, digest = resolve_image(
+        DeployArgs(stack=args.stack, host_text="", ssh=args.ssh, strategy=args.stack.host.strategy,
+                   image=args.image, registry=args.registry), echo)
+    with Ledger(ledger) as db:
+        prior = [r for r in rollouts(db) if r.stack == args.stack.label and r.digest == digest
+                 and r.image == image and r.outcome in ("running", "stopped")]
+        rollout_id = prior[-1].id if prior else (
+            f"r{datetime.now(UTC):%Y%m%d%H%M%S}-{_secrets.token_hex(2)}")
+        reference = next((h.medians for h in prior[-1].hosts if h.host == waves[0][0] and h.medians),
+                         None) if prior else None
+        start_rollout(db, id=rollout_id, stack=args.stack.label, image=image, digest=digest,
+                      policy=settings.policy, plan=waves)
+    echo(f"fleet: rollout {rollout_id}{' (resumed)' if prior else ''} of {args.stack.label} {image}")
+    echo("fleet: plan: " + " | ".join(
+        f"{'canary' if i == 0 else f'wave {i}'}: {', '.join(w)}" for i, w in enumerate(waves)))
+    echo(f"fleet: on_failure={settings.policy}: " + (
+        "a failed wave goes back to the incumbent and so does every host promoted before it"
+        if settings.policy == "rollback_all" else
+        "a failed wave goes back to the incumbent; hosts promoted by earlier waves stay on the candidate"))
+    echo(f"fleet: soak {settings.soak_s:g}s after each wave; hosts of one class must read within "
+         f"{settings.outlier_tolerance:.0%} of the canary")
+    ops = RealOps(stack=args.stack, hosts={h.name: h for h in hosts}, image=image, ssh=args.ssh,
+                  registry=args.registry, profile_name=args.profile_name, tunnel=args.tunnel, ledger=ledger,
+                  root=args.root, secrets=args.secrets, echo=echo)
+    res = run_rollout(waves, ops, settings, LedgerRecorder(ledger, rollout_id), echo=echo, reference=reference)
+    if res.outcome == "completed" and args.stack.host.channel:
+        from stackbuild.image import registry
+
+        registry.promote(image, channel=args.stack.host.channel)
+        echo(f"fleet: channel {args.stack.host.channel} -> {image}")
+    echo("")
+    echo(table(res, rollout_id))
+    echo(f"fleet: rollout {rollout_id}: {res.outcome} (exit {res.exit_code})"
+         + ("; re-run the same command to resume" if res.outcome == "stopped" else ""))
+    return res.exit_code
+
+
+def table(res: RolloutResult, rollout_id: str) -> str:
+    rows = [f"rollout {rollout_id}", "| host | wave | outcome | verdict | flagged | detail |",
+            "|---|---|---|---|---|---|"]
+    for r in sorted(res.rows.values(), key=lambda r: (r.wave, r.host)):
+        detail = r.detail.splitlines()[0][:100].replace("|", "/") if r.detail else ""
+        rows.append(f"| {r.host} | {'canary' if r.wave == 0 else r.wave} | {r.outcome} | {r.verdict or ''} | "
+                    f"{'yes' if r.flagged else ''} | {detail} |")
+    return "\n".join(rows)

@@ -1,0 +1,91 @@
+"""`stackbuild status --fleet STACK`: what every host runs (read from the hosts, in parallel),
+next to the last rollout the ledger recorded for the stack."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from stackbuild.fleet.inventory import fleet_of, host_stack, select
+from stackbuild.fleet.rollout import each
+from stackbuild.host.ssh import SshOptions
+from stackbuild.spec.stack import Stack
+
+if TYPE_CHECKING:
+    from stackbuild.fleet.record import RolloutRecord
+
+
+@dataclass(frozen=True)
+class HostStatusRow:
+    host: str
+    service: str
+    active: bool
+    image: str | None
+    release: str | None  # stack-variant of the current release
+    verdict: str | None
+    pending: str | None
+    lock: str | None
+    error: str | None = None
+
+    @property
+    def digest(self) -> str | None:
+        return self.image.split("@", 1)[1] if self.image and "@" in self.image else None
+
+
+def read_fleet(stack: Stack, ssh: SshOptions, hosts: list[str] | None, inventory: Path | None) -> list[HostStatusRow]:
+    from stackbuild.host.converge import status
+    from stackbuild.host.ssh import connect, parse_host
+    from stackbuild.host.state import HostPaths, LockOwner
+
+    declared, _ = fleet_of(stack, inventory)
+    chosen = select(declared, hosts, str(stack.source))
+
+    def one(name: str) -> HostStatusRow:
+        h = next(x for x in chosen if x.name == name)
+        hs = host_stack(stack, h)
+        paths = HostPaths(hs.host.state_dir, hs.host.service)
+        r = connect(parse_host(h.target), ssh)
+        try:
+            st = status(r, paths)
+            lock = r.run(["cat", f"{paths.lock_dir}/owner.json"], check=False, what="read the lock", changes=False)
+        finally:
+            r.close()
+        cur = st.state.current
+        owner = LockOwner.from_json(lock.stdout) if lock.ok and lock.stdout.strip() else None
+        holder = owner.describe(time.time()) if owner else (lock.stdout.strip()[:80] or None if lock.ok else None)
+        return HostStatusRow(
+            host=name, service=paths.service, active=st.active, image=cur.image if cur else None,
+            release=(f"{cur.stack}-{cur.variant}" if cur.variant else cur.stack) if cur else None,
+            verdict=st.state.last_verdict,
+            pending=f"{st.state.pending.op} of {st.state.pending.image}" if st.state.pending else None,
+            lock=holder)
+
+    got = each([h.name for h in chosen], one, 8)
+    rows = []
+    for name, r in got.items():
+        if isinstance(r, Exception):
+            rows.append(HostStatusRow(name, "-", False, None, None, None, None, None,
+                                      error=(str(r) or type(r).__name__).splitlines()[0]))
+        else:
+            rows.append(r)
+    return rows
+
+
+def render(rows: list[HostStatusRow], last_rollout: RolloutRecord | None) -> str:
+    out = ["| host | service | active | release | digest | last verdict | pending | lock |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.error:
+            out.append(f"| {r.host} | - | UNREACHABLE | | | | | {r.error[:80]} |")
+            continue
+        out.append(f"| {r.host} | {r.service} | {'active' if r.active else 'NOT active'} | {r.release or 'none'} | "
+                   f"{(r.digest or '')[:19]} | {r.verdict or ''} | {r.pending or ''} | {r.lock or ''} |")
+    if last_rollout is not None:
+        lr = last_rollout
+        out.append(f"\nlast rollout {lr.id} of {lr.stack} ({lr.digest[:19]}): {lr.outcome}, on_failure={lr.policy}"
+                   + (f": {lr.cause}" if lr.cause else ""))
+        out += [f"  {h.host}: {h.outcome}" + (f" ({h.verdict})" if h.verdict else "")
+                + (" FLAGGED" if h.flagged else "") for h in lr.hosts]
+    return "\n".join(out)

@@ -1,0 +1,149 @@
+"""Writers for a GateResult: JSON (readable back as a baseline), JUnit XML, Markdown."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from stackbuild.errors import InputError
+from stackbuild.gate.result import CapacityResult, GateResult, LevelResult
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise InputError(f"{path}: cannot write ({err.strerror}); choose a writable path") from None
+
+
+def write_text(path: Path | str, text: str) -> None:
+    _atomic_write(Path(path), text)
+
+
+def write_json(result: GateResult, path: Path | str) -> None:
+    _atomic_write(Path(path), result.model_dump_json(indent=2) + "\n")
+
+
+def read_json(path: Path | str) -> GateResult:
+    p = Path(path)
+    try:
+        return GateResult.model_validate_json(p.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise InputError(f"{p}: cannot read the baseline ({err.strerror}); "
+                         "pass a result written by `stackbuild gate --json`") from None
+    except ValueError as err:
+        first = str(err).splitlines()[0]
+        raise InputError(f"{p}: not a gate result ({first}); "
+                         "pass a file written by `stackbuild gate --json`") from None
+
+
+def _level_case(lv: LevelResult, suite: ET.Element, name: str) -> None:
+    case = ET.SubElement(suite, "testcase", classname=f"gate.{name}",
+                         name=f"C={lv.concurrency}",
+                         time=f"{sum(r.duration_s for r in lv.runs):.3f}")
+    msg = "; ".join(lv.reasons)
+    if lv.verdict == "fail":
+        ET.SubElement(case, "failure", message=msg or "failed", type="fail").text = msg
+    elif lv.verdict == "inconclusive":
+        ET.SubElement(case, "error", message=msg or "inconclusive", type="inconclusive").text = msg
+    out = ET.SubElement(case, "system-out")
+    ratio = f" ratio={lv.ratio:.4f} ci=[{lv.ci_low:.4f},{lv.ci_high:.4f}]" if lv.ratio else ""
+    out.text = (f"median_output_tok_s={lv.median_output_tok_s:.2f} runs={len(lv.runs)} "
+                f"ttft_p99_ms={lv.ttft_p99_ms:.1f} failed={lv.failed_requests}{ratio}"
+                + (f"\n{lv.explanation}" if lv.explanation else ""))
+
+
+def junit_xml(result: GateResult) -> str:
+    suite = ET.Element("testsuite", name=f"stackbuild-gate {result.name}")
+    for lv in result.levels:
+        _level_case(lv, suite, result.name)
+    if result.probe is not None:
+        case = ET.SubElement(suite, "testcase", classname=f"gate.{result.name}", name="probe")
+        if not result.probe.passed:
+            msg = "; ".join(result.probe.reasons)
+            ET.SubElement(case, "failure", message=msg, type="probe").text = msg
+    ag = result.agreement
+    if ag is not None and ag.compared:
+        case = ET.SubElement(suite, "testcase", classname=f"gate.{result.name}", name="agreement")
+        if not ag.passed:
+            msg = "; ".join(ag.reasons)
+            ET.SubElement(case, "failure", message=msg, type="agreement").text = msg
+    case = ET.SubElement(suite, "testcase", classname=f"gate.{result.name}", name="bars")
+    if result.bars:
+        msg = "; ".join(result.bars)
+        ET.SubElement(case, "failure", message=msg, type="bar").text = msg
+    cases = list(suite)
+    suite.set("tests", str(len(cases)))
+    suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
+    suite.set("errors", str(sum(1 for c in cases if c.find("error") is not None)))
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def write_junit(result: GateResult, path: Path | str) -> None:
+    _atomic_write(Path(path), junit_xml(result))
+
+
+def _f(v: float | None, fmt: str = ".1f") -> str:
+    return "" if v is None else format(v, fmt)
+
+
+def markdown_summary(result: GateResult) -> str:
+    wl = result.workload
+    head = (f"## Gate: {result.name} — **{result.verdict.upper()}**\n\n"
+            f"{result.url}" + (f" vs {result.baseline_name}" if result.baseline_name else "")
+            + f" · {wl.api} · {wl.input_len} in / {wl.output_len} out · tolerance "
+            f"{result.tolerance:.0%} · workload {result.fingerprint}\n\n")
+    rows = ["| C | runs | output tok/s (median) | incumbent | ratio | CI | TTFT p99 ms "
+            "| ITL p50 ms | failed | verdict |",
+            "|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+    for lv in result.levels:
+        itl = sorted(r.itl_ms.p50 for r in lv.runs)[len(lv.runs) // 2] if lv.runs else 0.0  # deadline: none
+        ci = f"[{lv.ci_low:.3f}, {lv.ci_high:.3f}]" if lv.ci_low is not None else ""
+        rows.append(f"| {lv.concurrency} | {len(lv.runs)} | {lv.median_output_tok_s:.1f} | "
+                    f"{_f(lv.baseline_median_output_tok_s)} | {_f(lv.ratio, '.3f')} | {ci} | "
+                    f"{lv.ttft_p99_ms:.0f} | {itl:.1f} | {lv.failed_requests} | {lv.verdict} |")
+    tail = []
+    said = [lv.explanation for lv in result.levels if lv.explanation]
+    if said:
+        tail.append("Per level:\n" + "\n".join(f"- {e}" for e in said))
+    if result.probe is not None:
+        tail.append(f"Probe: {'passed' if result.probe.passed else 'FAILED'}"
+                    f" ({len(result.probe.outputs)} prompts)")
+    ag = result.agreement
+    if ag is not None and ag.compared:
+        tail.append(f"Agreement: {'passed' if ag.passed else 'FAILED'} ({ag.prompts} prompts x "
+                    f"{ag.tokens} tokens): first token {ag.first_token:.0%}, exact prefix "
+                    f"p10 {ag.prefix_p10:.0f} / p50 {ag.prefix_p50:.0f} / mean "
+                    f"{ag.prefix_mean:.1f} tokens, full match {ag.full_match:.0%}; incumbent's "
+                    f"outputs {ag.logprob_candidate:.3f} nats/token under the candidate vs "
+                    f"{ag.logprob_incumbent:.3f} under the incumbent (drop {ag.logprob_drop:.3f})")
+    elif ag is not None:
+        tail.append(f"Agreement: {ag.prompts} greedy outputs recorded for later comparisons")
+    tr = result.traffic
+    if tr is not None:
+        mix = ", ".join(f"C={c} {w:.0%}" for c, w in sorted(tr.weights.items()))
+        tail.append(f"On traffic ({mix}): expected output throughput {tr.change:+.1%} "
+                    f"({tr.confidence:.0%} CI {tr.ci_low:+.1%}..{tr.ci_high:+.1%})")
+    cap = result.capacity
+    if cap is not None:
+        def side(c: CapacityResult) -> str:
+            return (f"C={c.concurrency}, goodput {c.goodput_tok_s:.1f} tok/s "
+                    f"({c.runs} runs: {'; '.join(c.tried)})")
+        slo = ", ".join(f"{k} <= {v:g}" for k, v in cap.candidate.slo.items())
+        line = f"Capacity under {slo}: candidate {side(cap.candidate)}"
+        if cap.incumbent is not None:
+            line += f"; incumbent {side(cap.incumbent)}"
+        if cap.goodput_ratio is not None:
+            line += f"; goodput ratio {cap.goodput_ratio:.3f}"
+        tail.append(line)
+    if result.reasons:
+        tail.append("Reasons:\n" + "\n".join(f"- {r}" for r in result.reasons))
+    return head + "\n".join(rows) + "\n\n" + "\n\n".join(tail) + "\n"

@@ -1,0 +1,170 @@
+"""Gate results: the contract between the gate, the ledger, the report and deploy.
+
+Results are written as JSON (`GateResult.model_dump_json`) and read back with
+`GateResult.model_validate_json`, so a stored result can serve as the baseline
+of a later gate run. Add fields with defaults; never rename existing ones.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Workload is the profile's measurable part; it lives with the profile (a spec model) and is
+# named here too, where results carry it.
+from stackbuild.spec.profile import Workload as Workload
+
+SCHEMA_VERSION = 1
+
+Verdict = Literal["pass", "fail", "inconclusive", "reference"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Percentiles(_Frozen):
+    mean: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p99: float = 0.0
+
+
+class RunMetrics(_Frozen):
+    concurrency: int
+    index: int
+    duration_s: float
+    completed: int
+    failed: int
+    input_tokens: int
+    output_tokens: int
+    output_tok_s: float
+    total_tok_s: float
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    tpot_ms: Percentiles
+    e2e_ms: Percentiles
+    # streamed chunk count disagreed with the server's usage numbers
+    token_count_mismatches: int = 0
+    errors: tuple[str, ...] = ()
+
+
+class LevelResult(_Frozen):
+    concurrency: int
+    runs: tuple[RunMetrics, ...]
+    median_output_tok_s: float
+    median_total_tok_s: float
+    ttft_p99_ms: float
+    failed_requests: int
+    # Filled when compared with an incumbent at the same concurrency.
+    baseline_median_output_tok_s: float | None = None
+    ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: Verdict = "reference"
+    reasons: tuple[str, ...] = ()
+    # the level's policy: lowest passing ratio, whether it decides the gate, and one
+    # sentence saying how the verdict follows from the numbers ("C=1 -6.4%, allowed -8%: pass")
+    bar: float | None = None
+    required: bool = True
+    explanation: str = ""
+    # the incumbent's runs (output tok/s) this level was compared with
+    baseline_runs_tok_s: tuple[float, ...] = ()
+
+
+class ProbeResult(_Frozen):
+    passed: bool
+    outputs: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+
+class AgreementSample(_Frozen):
+    """One seeded greedy prompt and what this server answered: kept with every result so a
+    later gate can compare with it when this server no longer runs (swap)."""
+
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    # mean logprob per token this server gives its own output
+    logprob: float
+
+
+class AgreementResult(_Frozen):
+    """Does the candidate still say what the incumbent says? (see stackbuild.gate.agreement)"""
+
+    prompts: int = 0
+    tokens: int = 0  # greedy tokens per prompt
+    compared: bool = False  # False: no incumbent outputs to compare with (a reference run)
+    first_token: float | None = None  # share of prompts whose first token agrees
+    prefix_p10: float | None = None  # exact-prefix length, tokens
+    prefix_p50: float | None = None
+    prefix_mean: float | None = None
+    full_match: float | None = None  # share of prompts agreeing on every token
+    # teacher-forced: mean logprob per token of the incumbent's outputs, under each side
+    logprob_incumbent: float | None = None
+    logprob_candidate: float | None = None
+    logprob_drop: float | None = None  # incumbent - candidate, nats per token
+    passed: bool = True
+    reasons: tuple[str, ...] = ()
+    # the first diverging pair: prompt index, position, both texts from there
+    example: str = ""
+    samples: tuple[AgreementSample, ...] = ()
+
+
+class CapacityResult(_Frozen):
+    """The highest concurrency at which every SLO held, and what it served there."""
+
+    slo: dict[str, float]
+    concurrency: int  # 0: no level met the SLOs
+    goodput_tok_s: float = 0.0  # output tok/s of the requests that met every SLO
+    output_tok_s: float = 0.0
+    ttft_p99_ms: float = 0.0
+    itl_p99_ms: float = 0.0
+    tpot_p99_ms: float = 0.0
+    next_concurrency: int | None = None  # the first level probed above it that broke an SLO
+    runs: int = 0
+    tried: tuple[str, ...] = ()  # "C=8: holds", "C=16: itl_p99_ms 61.2 > 50"
+
+
+class CapacityComparison(_Frozen):
+    candidate: CapacityResult
+    incumbent: CapacityResult | None = None
+    # candidate / incumbent goodput at each one's capacity
+    goodput_ratio: float | None = None
+    passed: bool = True
+    reasons: tuple[str, ...] = ()
+
+
+class TrafficResult(_Frozen):
+    """The expected throughput change on the incumbent's measured (or declared) traffic."""
+
+    weights: dict[int, float]  # concurrency level -> share of busy time
+    change: float  # sum(w * candidate) / sum(w * incumbent) - 1
+    ci_low: float
+    ci_high: float
+    confidence: float = 0.95
+
+
+class GateResult(_Frozen):
+    schema_version: int = SCHEMA_VERSION
+    name: str  # the measured configuration, e.g. "eagle3-topk1-v2"
+    url: str
+    started_at: str  # ISO 8601 UTC
+    finished_at: str
+    workload: Workload
+    fingerprint: str
+    tolerance: float = 0.05
+    # host facts: gpu model, driver, gpu count, sglang version, server_info bits
+    host: dict[str, str] = Field(default_factory=dict)
+    baseline_name: str | None = None
+    levels: tuple[LevelResult, ...]
+    probe: ProbeResult | None = None
+    agreement: AgreementResult | None = None
+    capacity: CapacityComparison | None = None
+    traffic: TrafficResult | None = None
+    bars: tuple[str, ...] = ()  # violated absolute bars, one sentence each
+    verdict: Verdict
+    reasons: tuple[str, ...] = ()
+
+    def level(self, concurrency: int) -> LevelResult | None:
+        return next((lv for lv in self.levels if lv.concurrency == concurrency), None)

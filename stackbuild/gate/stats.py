@@ -1,0 +1,97 @@
+"""Pure statistics for the gate: percentiles, bootstrap CI of a ratio of medians, decision."""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from stackbuild.gate.result import Percentiles
+
+Decision = Literal["pass", "fail", "undecided"]
+BOOTSTRAP_RESAMPLES = 4000
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); 0.0 for no values."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def percentiles(values: Sequence[float]) -> Percentiles:
+    if not values:
+        return Percentiles()
+    return Percentiles(
+        mean=statistics.fmean(values),
+        p50=percentile(values, 50),
+        p90=percentile(values, 90),
+        p99=percentile(values, 99),
+    )
+
+
+def bootstrap_ratio_ci(
+    candidate: Sequence[float],
+    incumbent: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(ratio, low, high): median(candidate)/median(incumbent) with a percentile bootstrap CI.
+
+    The two samples are resampled independently (runs are independent measurements).
+    """
+    if not candidate or not incumbent:
+        raise ValueError("both samples need at least one run")
+    inc_med = statistics.median(incumbent)
+    if inc_med <= 0:
+        raise ValueError("the incumbent's median throughput is zero")
+    ratio = statistics.median(candidate) / inc_med
+    rng = random.Random(seed)
+    nc, ni = len(candidate), len(incumbent)
+    ratios: list[float] = []
+    for _ in range(resamples):
+        c = statistics.median([candidate[rng.randrange(nc)] for _ in range(nc)])
+        i = statistics.median([incumbent[rng.randrange(ni)] for _ in range(ni)])
+        ratios.append(c / i if i > 0 else float("inf"))
+    alpha = (1.0 - confidence) / 2.0
+    return ratio, percentile(ratios, 100 * alpha), percentile(ratios, 100 * (1 - alpha))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    ratio: float
+    low: float
+    high: float
+    decision: Decision
+
+
+def compare(
+    candidate: Sequence[float],
+    incumbent: Sequence[float],
+    *,
+    tolerance: float,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Comparison:
+    """Pass when the CI's low end clears 1 - tolerance, fail when its high end is below it."""
+    ratio, low, high = bootstrap_ratio_ci(candidate, incumbent, confidence=confidence, seed=seed)
+    bar = 1.0 - tolerance
+    decision: Decision = "pass" if low >= bar else "fail" if high < bar else "undecided"
+    return Comparison(ratio, low, high, decision)
+
+
+def allowed(bar: float) -> str:
+    """The policy of a level in words: "allowed -8%", "must not lose", "required +5%"."""
+    if abs(bar - 1.0) < 1e-9:
+        return "must not lose"
+    if bar < 1.0:
+        return f"allowed -{(1 - bar) * 100:g}%"
+    return f"required +{(bar - 1) * 100:g}%"

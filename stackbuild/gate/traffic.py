@@ -1,0 +1,132 @@
+"""Traffic: how much of the time a server spends at each concurrency, and the verdict on it.
+
+`stackbuild traffic` samples the incumbent's /metrics (`sglang:num_running_reqs` +
+`sglang:num_queue_reqs`: requests in flight) over a window; each busy sample is mapped
+to the nearest gate level (in log space, so 5 goes to 8 rather than 1 among [1, 8]).
+The shares are the weights of a traffic-weighted verdict: the expected change of
+output throughput on that traffic, sum(w * cand) / sum(w * inc) - 1, with a bootstrap
+CI from resampling each level's runs.
+
+`parse_metrics`, `in_flight`, `weights`, `weighted_change` are pure.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+
+from stackbuild.gate.stats import BOOTSTRAP_RESAMPLES, percentile
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
+
+
+def parse_duration(text: str) -> float:
+    """`10m`, `30s`, `1h`, `90` (seconds) -> seconds; ValueError otherwise."""
+    m = _DURATION.match(text.strip())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a duration like 30s, 10m or 1h")
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: value summed over its label sets}."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m is None or line.startswith("#"):
+            continue
+        try:
+            v = float(m.group(3))
+        except ValueError:
+            continue
+        out[m.group(1)] = out.get(m.group(1), 0.0) + v
+    return out
+
+
+def in_flight(metrics: Mapping[str, float]) -> float | None:
+    """Requests running + queued; None when the server does not export them."""
+    if "sglang:num_running_reqs" not in metrics:
+        return None
+    return metrics["sglang:num_running_reqs"] + metrics.get("sglang:num_queue_reqs", 0.0)
+
+
+def nearest_level(x: float, levels: Sequence[int]) -> int:
+    return min(levels, key=lambda c: (abs(math.log(c) - math.log(max(x, 1.0))), c))
+
+
+def weights(samples: Sequence[float], levels: Sequence[int]) -> tuple[dict[int, float], float]:
+    """(level -> share of busy samples, idle share). No busy samples: ({}, 1.0)."""
+    if not samples:
+        return {}, 1.0
+    busy = [s for s in samples if s > 0]
+    counts = {c: 0 for c in levels}
+    for s in busy:
+        counts[nearest_level(s, levels)] += 1
+    idle = 1.0 - len(busy) / len(samples)
+    if not busy:
+        return {}, idle
+    return {c: n / len(busy) for c, n in counts.items() if n}, idle
+
+
+def weighted_change(
+    per_level: Mapping[int, tuple[Sequence[float], Sequence[float]]],
+    w: Mapping[int, float],
+    *,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """(change, low, high) of sum(w*median cand)/sum(w*median inc) - 1 over levels in both."""
+    levels = [c for c in w if c in per_level and per_level[c][0] and per_level[c][1]]
+    if not levels:
+        raise ValueError("no measured level carries traffic weight")
+
+    def change(pick: Mapping[int, tuple[Sequence[float], Sequence[float]]]) -> float:
+        cand = sum(w[c] * statistics.median(pick[c][0]) for c in levels)
+        inc = sum(w[c] * statistics.median(pick[c][1]) for c in levels)
+        return cand / inc - 1.0 if inc > 0 else float("inf")
+
+    point = change(per_level)
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(BOOTSTRAP_RESAMPLES // 4):
+        pick = {c: ([per_level[c][0][rng.randrange(len(per_level[c][0]))]
+                     for _ in per_level[c][0]],
+                    [per_level[c][1][rng.randrange(len(per_level[c][1]))]
+                     for _ in per_level[c][1]]) for c in levels}
+        draws.append(change(pick))
+    alpha = (1.0 - confidence) / 2.0
+    return point, percentile(draws, 100 * alpha), percentile(draws, 100 * (1 - alpha))
+
+
+async def sample(url: str, seconds: float, every: float) -> list[float]:
+    """Requests in flight every `every` s for `seconds` s; InfraError when /metrics has none."""
+    import asyncio
+
+    import aiohttp
+
+    from stackbuild.errors import InfraError
+
+    out: list[float] = []
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    async with aiohttp.ClientSession() as s:
+        while True:
+            try:
+                async with s.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    text = await r.text()
+                    status = r.status
+            except (aiohttp.ClientError, OSError, TimeoutError) as err:
+                raise InfraError(f"GET {url}/metrics failed: {type(err).__name__}: {err}") \
+                    from None
+            n = in_flight(parse_metrics(text)) if status == 200 else None
+            if n is None:
+                raise InfraError(f"GET {url}/metrics: HTTP {status}, no sglang:num_running_reqs; "
+                                 "start sglang with --enable-metrics")
+            out.append(n)
+            if loop.time() + every > end:
+                return out
+            await asyncio.sleep(every)

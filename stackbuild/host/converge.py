@@ -1,0 +1,217 @@
+"""Put the host back to what its state file says runs (`current`), and rollback/status.
+
+`to_current` is the one restore path: after a failed candidate, after an
+interrupted run (a `pending` marker left behind), and for `stackbuild
+rollback` (with `current` set to the previous release). It is idempotent: it
+removes any candidate unit, reinstalls the current unit and image when the host
+differs, starts it, checks that it serves, and only then clears `pending`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+from stackbuild.errors import InfraError, InputError
+from stackbuild.host import secrets, units
+from stackbuild.host.outcome import DeployReport
+from stackbuild.host.ready import Probes, wait_ready
+from stackbuild.host.ssh import Remote, sh_argv
+from stackbuild.host.state import (
+    HostLock,
+    HostPaths,
+    HostState,
+    LockOwner,
+    Pending,
+    me,
+    now_iso,
+    read_state,
+    write_state,
+)
+from stackbuild.spec.stack import Stack
+
+
+@dataclass
+class Converger:
+    endpoint: Callable[[int], AbstractContextManager[str]]
+    report: DeployReport
+    start_timeout_s: float = 300.0
+    ready_timeout_s: float = 300.0
+    probes: Probes = field(default_factory=Probes)
+    pull_timeout_s: float = 1800.0
+    _down_since: float | None = None
+
+    def outage_begin(self) -> None:
+        if self._down_since is None:
+            self._down_since = time.time()
+
+    def outage_end(self) -> None:
+        if self._down_since is not None:
+            self.report.outages.append((self._down_since, time.time()))
+            self._down_since = None
+
+
+def converger_for(
+    stack: Stack,
+    endpoint: Callable[[int], AbstractContextManager[str]],
+    report: DeployReport,
+    probes: Probes,
+    pull_timeout_s: float,
+) -> Converger:
+    return Converger(
+        endpoint=endpoint,
+        report=report,
+        probes=probes,
+        pull_timeout_s=pull_timeout_s,
+        start_timeout_s=stack.runtime.start_timeout_s,
+        ready_timeout_s=stack.runtime.ready_timeout_s,
+    )
+
+
+def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converger) -> HostState:
+    rep = conv.report
+    with rep.step("restore") as st:
+        units.remove(remote, paths.candidate_unit, paths.unit_path(paths.candidate_unit))
+        # before the incumbent (re)starts: it reads the file it ran with, not the candidate's values
+        secrets.restore(remote, paths)
+        cur = state.current
+        if cur is None:
+            conv.outage_end()
+            units.remove(remote, paths.main_unit, paths.unit_path(paths.main_unit))
+            st.detail = "no incumbent: candidate removed, nothing else was running"
+        else:
+            installed = units.installed_text(remote, paths.unit_path(paths.main_unit))
+            if installed != cur.unit or not units.is_active(remote, paths.main_unit):
+                conv.outage_begin()
+                units.stop(remote, paths.main_unit)
+                units.ensure_image(remote, cur.image, conv.pull_timeout_s)
+                staged = f"{paths.staging_dir}/{paths.main_unit}"
+                remote.run(["mkdir", "-p", paths.staging_dir], what="create the staging dir")
+                remote.put_text(cur.unit, staged)
+                units.install(remote, staged, paths.unit_path(paths.main_unit))
+                units.start(remote, paths.main_unit)
+                st.detail = f"reinstalled and started {cur.image}"
+            else:
+                st.detail = f"{paths.main_unit} already runs {cur.image}"
+    if cur is not None and not remote.dry_run:
+        with rep.step("verify serving") as st, conv.endpoint(cur.port) as url:
+            ready = wait_ready(
+                remote,
+                paths.main_unit,
+                cur.port,
+                url,
+                start_deadline_s=conv.start_timeout_s,
+                ready_deadline_s=conv.ready_timeout_s,
+                probes=conv.probes,
+            )
+            st.detail = f"{ready.stage}: {ready.detail}"
+            if not ready.ok:
+                raise InfraError(
+                    f"{remote.address}: {cur.image} did not serve again after the restore "
+                    f"({ready.detail}); check `journalctl -u {paths.main_unit}` on the host"
+                )
+        conv.outage_end()
+    restored = state.model_copy(update={"pending": None})
+    write_state(remote, paths, restored)
+    return restored
+
+
+def rollback(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float) -> HostState:
+    """Make the previous release current again, verified serving."""
+    rep = conv.report
+    with HostLock(remote, paths, me("rollback"), lock_ttl_s):
+        state = read_state(remote, paths)
+        if state.pending is not None:
+            state = to_current(remote, paths, state, conv)
+        if state.previous is None:
+            raise InputError(
+                f"{remote.address}: {paths.service} has no previous release to roll back to "
+                "(see `stackbuild status --host ...`)"
+            )
+        assert state.current is not None
+        pending = Pending(
+            op="rollback",
+            image=state.previous.image,
+            strategy="swap",
+            owner=me("rollback").to_json(),
+            started_at=now_iso(),
+        )
+        write_state(remote, paths, state.model_copy(update={"pending": pending}))
+        target = state.model_copy(
+            update={
+                "current": state.previous,
+                "previous": state.current,
+                "pending": pending,
+                "last_verdict": "rollback",
+                "last_cause": "manual rollback",
+                "last_image": state.previous.image,
+                "last_at": now_iso(),
+            }
+        )
+        try:
+            done = to_current(remote, paths, target, conv)
+        except InfraError:
+            to_current(remote, paths, state.model_copy(update={"pending": pending}), conv)
+            raise
+        rep.image = state.previous.image
+        rep.finish("rolled-back", "manual rollback", 0)
+        return done
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    state: HostState
+    active: bool
+    running_image: str | None
+    lock_owner: str | None = None  # the host lock's owner.json, when a lock is held
+
+    def render(self, address: str) -> str:
+        s = self.state
+        lines = [f"{address} {s.service}: {'active' if self.active else 'NOT active'}"]
+        if s.current:
+            lines.append(
+                f"  current:  {s.current.image} ({s.current.stack}"
+                f"{'-' + s.current.variant if s.current.variant else ''}, "
+                f"verdict {s.current.verdict}, since {s.current.at})"
+            )
+        else:
+            lines.append("  current:  none (nothing deployed)")
+        if s.previous:
+            lines.append(f"  previous: {s.previous.image} (since {s.previous.at})")
+        if self.running_image:
+            lines.append(f"  container runs image {self.running_image}")
+        if s.last_verdict:
+            lines.append(
+                f"  last deploy: {s.last_verdict} of {s.last_image} at {s.last_at}"
+                + (f": {s.last_cause}" if s.last_cause else "")
+            )
+        if self.lock_owner is not None:
+            owner = LockOwner.from_json(self.lock_owner)
+            who = owner.describe(time.time()) if owner else "an owner that wrote no name"
+            lines.append(f"  LOCKED: {who}")
+        if s.pending:
+            lines.append(
+                f"  PENDING: interrupted {s.pending.op} of {s.pending.image} since "
+                f"{s.pending.started_at}; the next deploy or rollback converges it"
+            )
+        return "\n".join(lines)
+
+
+def status(remote: Remote, paths: HostPaths) -> HostStatus:
+    state = read_state(remote, paths)
+    active = units.is_active(remote, paths.main_unit)
+    img = remote.run(
+        ["docker", "inspect", "--format", "{{.Config.Image}}", paths.service],
+        check=False,
+        what="inspect the container",
+        changes=False,
+    )
+    lock = remote.run(
+        sh_argv('[ -d "$1" ] && cat "$1/owner.json" 2>/dev/null; [ -d "$1" ]', paths.lock_dir),
+        check=False,
+        what="read the host lock",
+        changes=False,
+    )
+    return HostStatus(state, active, img.stdout.strip() if img.ok else None, lock.stdout.strip() if lock.ok else None)

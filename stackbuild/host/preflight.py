@@ -1,0 +1,308 @@
+"""Preflight: everything the host must offer before anything on it is touched.
+
+Every check runs and the report lists each failure, so one run tells the
+whole story. Reads only. Parsers of the tools' output are pure functions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from stackbuild.errors import InfraError
+from stackbuild.host.ssh import Remote, sh_argv
+from stackbuild.spec.stack import Stack
+
+NVIDIA_SMI_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,name,compute_cap,driver_version,memory.total",
+    "--format=csv,noheader,nounits",
+]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    arch: str  # sm_120
+    driver: str
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    checks: tuple[Check, ...]
+    gpus: tuple[Gpu, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.ok)
+
+    def host_facts(self) -> dict[str, str]:
+        if not self.gpus:
+            return {}
+        return {
+            "gpu_model": self.gpus[0].name,
+            "gpu_count": str(len(self.gpus)),
+            "driver": self.gpus[0].driver,
+            "arch": self.gpus[0].arch,
+        }
+
+
+class PreflightFailed(InfraError):
+    def __init__(self, address: str, report: PreflightReport) -> None:
+        self.report = report
+        n = len(report.failures)
+        lines = [
+            f"preflight failed on {address} ({n} problem{'s' if n > 1 else ''}): "
+            + "; ".join(f"{c.name}: {c.detail}" for c in report.failures)
+        ]
+        lines += [f"  - {c.name}: {c.detail}" for c in report.failures] if n > 1 else []
+        super().__init__("\n".join(lines))
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    gpus = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 5:
+            continue
+        idx, name, cap, driver, mem = parts[:5]
+        arch = "sm_" + cap.replace(".", "") if re.fullmatch(r"\d+\.\d+", cap) else cap
+        gpus.append(Gpu(int(idx), name, arch, driver, int(float(mem)) if mem.strip() else 0))
+    return gpus
+
+
+def parse_listening_ports(proc_net_tcp: str) -> set[int]:
+    """TCP ports in LISTEN state from /proc/net/tcp{,6} text."""
+    ports = set()
+    for line in proc_net_tcp.splitlines():
+        f = line.split()
+        if len(f) > 3 and f[3] == "0A" and ":" in f[1]:
+            ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def parse_df_avail_kib(text: str) -> int | None:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if len(lines) < 2:
+        return None
+    f = lines[-1].split()
+    return int(f[3]) if len(f) > 3 and f[3].isdigit() else None
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def check_gpus(stack: Stack, gpus: list[Gpu], smi_error: str | None) -> list[Check]:
+    from stackbuild.spec.rules import driver_floor
+
+    if smi_error is not None:
+        return [Check("gpus", False, f"nvidia-smi failed: {smi_error}; install the NVIDIA driver")]
+    need = stack.runtime.gpu_count or stack.runtime.tp
+    out = [
+        Check(
+            "gpu count",
+            len(gpus) >= need,
+            f"{len(gpus)} GPU(s), the stack needs {need} (tp={stack.runtime.tp})",
+        )
+    ]
+    if stack.arches and gpus:
+        bad = sorted({g.arch for g in gpus if g.arch not in stack.arches})
+        out.append(
+            Check(
+                "gpu arch",
+                not bad,
+                f"host has {', '.join(sorted({g.arch for g in gpus}))}; stack is built for "
+                f"{', '.join(stack.arches)}" + (f" ({', '.join(bad)} not covered: add it to arches)" if bad else ""),
+            )
+        )
+    floor = driver_floor(stack.cuda)
+    if floor and gpus:
+        drv = gpus[0].driver
+        out.append(
+            Check(
+                "driver",
+                version_tuple(drv)[:1] >= (floor,),
+                f"driver {drv}, CUDA {stack.cuda} needs >= {floor}",
+            )
+        )
+    return out
+
+
+def run_preflight(
+    remote: Remote,
+    stack: Stack,
+    *,
+    image: str,
+    ports: dict[int, bool],
+    need_free_kib: int,
+) -> PreflightReport:
+    """Run every check. `ports`: port -> may our own incumbent hold it."""
+    checks: list[Check] = []
+    gpus: list[Gpu] = []
+    docker = remote.run(
+        ["docker", "info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}|{{json .Runtimes}}"],
+        check=False,
+        what="docker info",
+        changes=False,
+    )
+    root_dir = "/var/lib/docker"
+    runtimes = ""
+    if docker.ok and "|" in docker.stdout:
+        version, root_dir, runtimes = [*docker.stdout.strip().split("|", 2), "", ""][:3]
+        checks.append(Check("docker", True, f"docker {version}"))
+    else:
+        checks.append(Check("docker", False, f"docker is not usable: {_one_line(docker)}; install/start it"))
+    if stack.runtime.gpus != "none":
+        cdi = remote.run(
+            sh_argv("ls /etc/cdi /var/run/cdi 2>/dev/null | grep -i nvidia"),
+            check=False,
+            what="look for NVIDIA CDI specs",
+            changes=False,
+        )
+        has = '"nvidia"' in runtimes or cdi.ok
+        checks.append(
+            Check(
+                "nvidia runtime",
+                has,
+                "NVIDIA container runtime or CDI spec found"
+                if has
+                else "neither the nvidia docker runtime nor an NVIDIA CDI spec: install nvidia-container-toolkit",
+            )
+        )
+        smi = remote.run(NVIDIA_SMI_QUERY, check=False, what="nvidia-smi", changes=False)
+        gpus = parse_nvidia_smi(smi.stdout) if smi.ok else []
+        checks += check_gpus(stack, gpus, None if smi.ok else _one_line(smi))
+    present = remote.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", image],
+        check=False,
+        what="is the image already there",
+        changes=False,
+    )
+    if present.ok:
+        checks.append(Check("disk", True, "image already on the host"))
+    else:
+        df = remote.run(["df", "-Pk", root_dir], check=False, what="free disk", changes=False)
+        avail = parse_df_avail_kib(df.stdout) if df.ok else None
+        if avail is None and "No such file" in df.stderr:
+            # The daemon's storage is not on this shell's filesystem (docker socket
+            # shared into a container host): nothing here can measure it.
+            checks.append(
+                Check(
+                    "disk",
+                    True,
+                    f"{root_dir} not visible from the host shell (remote daemon storage): free space not checked",
+                )
+            )
+        else:
+            checks.append(
+                Check(
+                    "disk",
+                    avail is not None and avail >= need_free_kib,
+                    f"{_gib(avail)} free under {root_dir}, the image needs {_gib(need_free_kib)}"
+                    if avail is not None
+                    else f"cannot read free space of {root_dir}: {_one_line(df)}",
+                )
+            )
+    if stack.runtime.ulimits:
+        limits = remote.run(
+            sh_argv('p=$(pidof dockerd) && cat "/proc/${p%% *}/limits"'),
+            check=False,
+            what="the docker daemon's limits",
+            changes=False,
+        )
+        # not visible (daemon in another namespace): docker itself will say at start
+        checks += ulimit_checks(limits.stdout, dict(stack.runtime.ulimits)) if limits.ok else []
+    tcp = remote.run(
+        sh_argv("cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"),
+        check=False,
+        what="listening ports",
+        changes=False,
+    )
+    checks += port_checks(parse_listening_ports(tcp.stdout), ports)
+    return PreflightReport(tuple(checks), tuple(gpus))
+
+
+# docker --ulimit names -> the row of /proc/PID/limits that bounds them
+_LIMIT_ROWS = {
+    "nofile": "Max open files",
+    "memlock": "Max locked memory",
+    "stack": "Max stack size",
+    "nproc": "Max processes",
+    "core": "Max core file size",
+}
+
+
+def _limit_value(v: str) -> float:
+    return float("inf") if v in ("-1", "unlimited") else float(v)
+
+
+def ulimit_checks(proc_limits: str, ulimits: dict[str, str | int]) -> list[Check]:
+    """Spec ulimits above the docker daemon's hard limits make `docker run` exit 125.
+
+    An unprivileged daemon (or one in a container) cannot raise its children
+    above its own hard limit, so the container would never start.
+    """
+    hard: dict[str, float] = {}
+    for line in proc_limits.splitlines():
+        for name, row in _LIMIT_ROWS.items():
+            if line.startswith(row):
+                fields = line[len(row) :].split()
+                if len(fields) >= 2:
+                    hard[name] = _limit_value(fields[1])
+    out = []
+    for name, value in ulimits.items():
+        if name not in hard:
+            continue
+        want = max(_limit_value(part) for part in str(value).split(":"))
+        limit = hard[name]
+        shown = "unlimited" if limit == float("inf") else f"{limit:.0f}"
+        out.append(
+            Check(
+                f"ulimit {name}",
+                want <= limit,
+                f"runtime.ulimits {name}={value}, the docker daemon's hard limit is {shown}"
+                + ("" if want <= limit else ": lower it in the spec or raise the daemon's"),
+            )
+        )
+    return out
+
+
+def port_checks(listening: set[int], ports: dict[int, bool]) -> list[Check]:
+    """Each port the deploy will bind must be free, or held by the incumbent it replaces.
+
+    A port held by a stranger would make readiness probe the stranger.
+    """
+    out = []
+    for port, incumbent_ok in ports.items():
+        busy = port in listening
+        if not busy:
+            detail = f"port {port} is free"
+        elif incumbent_ok:
+            detail = f"port {port} is held by the incumbent (replaced on promotion)"
+        else:
+            detail = f"port {port} is in use by another process: free it or change runtime.port"
+        out.append(Check("port", not busy or incumbent_ok, detail))
+    return out
+
+
+def _gib(kib: int | None) -> str:
+    return "?" if kib is None else f"{kib / 1024 / 1024:.1f} GiB"
+
+
+def _one_line(res: object) -> str:
+    text = (getattr(res, "stderr", "") or getattr(res, "stdout", "")).strip()
+    return text.splitlines()[-1][:200] if text else f"exit {getattr(res, 'returncode', '?')}"

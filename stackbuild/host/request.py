@@ -1,0 +1,50 @@
+"""What a deploy is asked to do (`DeployRequest`) and the effects beyond SSH it is handed (`Services`).
+
+Apart from the flow (deploy.py) so the pieces that judge a deploy (decide.py) can name
+these types without importing the flow.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+from stackbuild.gate.result import GateResult
+from stackbuild.host.ready import Probes
+from stackbuild.spec.profile import GateProfile
+from stackbuild.spec.stack import Stack
+
+GateFn = Callable[[str, GateProfile, str, GateResult | None], GateResult]
+
+
+@dataclass
+class DeployRequest:
+    stack: Stack
+    image: str  # pinned: REPO@sha256:...
+    digest: str
+    strategy: str
+    profile: GateProfile
+    secrets: dict[str, str] = field(default_factory=dict)
+    need_free_kib: int = 1024 * 1024
+    pull_timeout_s: float = 1800.0
+    lock_ttl_s: float = 4 * 3600.0
+
+
+@dataclass
+class Services:
+    """The effects beyond SSH, passed in so the flow stays one readable function."""
+
+    render_unit: Callable[..., str]
+    gate: GateFn
+    # base URL reaching the host's 127.0.0.1:PORT (direct on loopback, else an SSH tunnel)
+    endpoint: Callable[[int], AbstractContextManager[str]]
+    probes: Probes = field(default_factory=Probes)
+    promote_channel: Callable[[str], str] | None = None  # digest ref -> what moved
+    # how the gate reaches the server ("direct" | "tunnel"): results measured one
+    # way are not a baseline for the other (the tunnel costs throughput)
+    access: str = "direct"
+    echo: Callable[[str], None] = print
+    progress: Callable[[str], None] | None = None  # each step as it starts and ends
+    sleep: Callable[[float], None] = time.sleep

@@ -1,0 +1,310 @@
+"""Host state and the host lock: where they live, their format, the commands that touch them.
+
+One JSON file per service on the host holds what runs (current), what ran
+before (previous), the last verdict, and a `pending` marker while a deploy or
+rollback is under way. It is only ever replaced whole (temp file + rename), so
+a crash leaves the old state or the new one. The marker is what makes a re-run
+converge: whoever takes the lock next first puts the host back to `current`.
+
+The lock is a directory (mkdir is atomic) holding owner.json. A lock whose
+owner process is gone (same machine, dead pid) or that is older than its TTL
+is stale and may be broken, by renaming it away only if it still holds the
+owner we judged stale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from stackbuild.errors import InfraError
+from stackbuild.host.ssh import Remote, sh_argv
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Release(_Frozen):
+    """One image running as the service: what is needed to put it back exactly."""
+
+    image: str  # pinned reference, REPO@sha256:...
+    digest: str
+    stack: str
+    variant: str | None = None
+    unit: str  # the unit file text it ran with
+    port: int
+    verdict: str | None = None  # gate verdict it was promoted with ("first" bars-only included)
+    at: str  # ISO 8601 UTC of promotion
+
+    @property
+    def key(self) -> str:
+        return release_key(self.digest, self.unit)
+
+
+def release_key(digest: str, unit: str) -> str:
+    """What a measured result belongs to: the image and the exact command line (unit)."""
+    import hashlib
+
+    return hashlib.sha256(f"{digest}\n{unit}".encode()).hexdigest()[:16]
+
+
+class Pending(_Frozen):
+    op: Literal["deploy", "rollback"]
+    image: str
+    strategy: str
+    owner: str
+    started_at: str
+
+
+class HostState(_Frozen):
+    service: str
+    current: Release | None = None
+    previous: Release | None = None
+    last_verdict: str | None = None
+    last_cause: str | None = None
+    last_image: str | None = None
+    last_at: str | None = None
+    pending: Pending | None = None
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Every path the deploy touches on the host, derived from state_dir and service."""
+
+    state_dir: str
+    service: str
+    unit_dir: str = "/etc/systemd/system"
+
+    @property
+    def base(self) -> str:
+        return f"{self.state_dir.rstrip('/')}/{self.service}"
+
+    @property
+    def state_file(self) -> str:
+        return f"{self.base}/state.json"
+
+    @property
+    def lock_dir(self) -> str:
+        return f"{self.base}/lock"
+
+    @property
+    def secrets_file(self) -> str:
+        return f"{self.base}/secrets.env"
+
+    @property
+    def staging_dir(self) -> str:
+        return f"{self.base}/staging"
+
+    def result_file(self, key: str) -> str:
+        return f"{self.base}/results/{key}.json"
+
+    @property
+    def main_unit(self) -> str:
+        return f"{self.service}.service"
+
+    @property
+    def candidate_unit(self) -> str:
+        return f"{self.service}-candidate.service"
+
+    def unit_path(self, unit: str) -> str:
+        return f"{self.unit_dir}/{unit}"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_state(text: str, service: str, where: str) -> HostState:
+    if not text.strip():
+        return HostState(service=service)
+    try:
+        return HostState.model_validate_json(text)
+    except ValidationError as err:
+        raise InfraError(
+            f"{where}: host state file is not valid ({err.error_count()} problems); "
+            "inspect it, fix or move it aside, then re-run"
+        ) from None
+
+
+def render_state(state: HostState) -> str:
+    return state.model_dump_json(indent=2) + "\n"
+
+
+def read_state(remote: Remote, paths: HostPaths) -> HostState:
+    res = remote.run(
+        sh_argv('[ ! -e "$1" ] || cat "$1"', paths.state_file),
+        what="read host state",
+        changes=False,
+    )
+    return parse_state(res.stdout, paths.service, f"{remote.address}:{paths.state_file}")
+
+
+def write_state(remote: Remote, paths: HostPaths, state: HostState) -> None:
+    remote.run(["mkdir", "-p", paths.base], what="create state dir")
+    remote.put_text(render_state(state), paths.state_file, mode=0o644)
+
+
+# --- the lock ---------------------------------------------------------------
+
+ACQUIRE_SCRIPT = (
+    'mkdir -p "$(dirname "$1")" || exit 2\n'
+    'if mkdir "$1" 2>/dev/null; then\n'
+    '  printf "%s" "$2" > "$1/owner.json" && echo acquired; exit 0\n'
+    "fi\n"
+    'cat "$1/owner.json" 2>/dev/null; exit 3'
+)
+# Keeps the last broken lock for a look, and only that one: stale dirs must not pile up.
+BREAK_SCRIPT = (
+    '[ "$(cat "$1/owner.json" 2>/dev/null)" = "$2" ] && rm -rf "$1".stale.* && mv "$1" "$1.stale.$3"'
+)
+# Seconds since the lock dir was made (for an owner file still empty: the writer died in between).
+LOCK_AGE_SCRIPT = 'echo $(( $(date +%s) - $(stat -c %Y "$1") ))'
+# Writing owner.json takes milliseconds; a lock with none after this long lost its writer.
+EMPTY_OWNER_STALE_S = 60.0
+RELEASE_SCRIPT = (
+    '[ ! -d "$1" ] || { [ "$(cat "$1/owner.json" 2>/dev/null)" = "$2" ] && rm -rf "$1"; }'
+)
+
+
+@dataclass(frozen=True)
+class LockOwner:
+    host: str
+    pid: int
+    started: float  # epoch seconds
+    what: str
+    # epoch seconds by which the holder is done, every step bounded by its timeouts; a
+    # lock past it is stale whatever TTL the reader assumes (None: an older writer)
+    until: float | None = None
+
+    def to_json(self) -> str:
+        d: dict[str, object] = {"host": self.host, "pid": self.pid, "started": self.started, "what": self.what}
+        if self.until is not None:
+            d["until"] = self.until
+        return json.dumps(d, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> LockOwner | None:
+        try:
+            d = json.loads(text)
+            until = float(d["until"]) if d.get("until") is not None else None
+            return LockOwner(str(d["host"]), int(d["pid"]), float(d["started"]), str(d["what"]), until)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def describe(self, now: float) -> str:
+        return (
+            f"{self.what} by pid {self.pid} on {self.host}, started {now - self.started:.0f}s ago"
+        )
+
+
+def me(what: str, hold_s: float | None = None) -> LockOwner:
+    now = round(time.time(), 3)
+    until = None if hold_s is None else round(now + hold_s, 3)
+    return LockOwner(socket.gethostname(), os.getpid(), now, what, until)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_stale(
+    owner: LockOwner | None,
+    *,
+    now: float,
+    ttl_s: float,
+    local_host: str,
+    alive: Callable[[int], bool] = pid_alive,
+    own_pid: int | None = None,
+) -> bool:
+    """A lock is stale when its owner is provably gone, or it outlived any deploy.
+
+    `own_pid`: a lock this very process took over a connection that has since
+    died is ours to take back (the recovery after a lost connection).
+    """
+    if owner is None:
+        return False  # being written right now, or unreadable: never guess
+    if owner.host == local_host and (owner.pid == own_pid or not alive(owner.pid)):
+        return True
+    if owner.until is not None:
+        return now > owner.until
+    return now - owner.started > ttl_s
+
+
+class HostLock:
+    """`with HostLock(remote, paths, owner, ttl_s):` — held for one deploy or rollback."""
+
+    def __init__(self, remote: Remote, paths: HostPaths, owner: LockOwner, ttl_s: float) -> None:
+        self.remote, self.paths, self.owner, self.ttl_s = remote, paths, owner, ttl_s
+        self.broke: LockOwner | None = None
+
+    def _empty_owner_age(self) -> float:
+        res = self.remote.run(sh_argv(LOCK_AGE_SCRIPT, self.paths.lock_dir), check=False, what="lock age",
+                              changes=False)
+        text = res.stdout.strip()
+        return float(text) if res.ok and text.lstrip("-").isdigit() else 0.0
+
+    def __enter__(self) -> HostLock:
+        for _ in range(2):
+            res = self.remote.run(
+                sh_argv(ACQUIRE_SCRIPT, self.paths.lock_dir, self.owner.to_json()),
+                check=False,
+                what="take the host lock",
+            )
+            if res.ok:
+                return self
+            if res.returncode != 3:
+                raise InfraError(
+                    f"cannot take the host lock {self.paths.lock_dir} on {self.remote.address}",
+                    command=res.command,
+                    returncode=res.returncode,
+                    output=res.stdout + res.stderr,
+                )
+            holder = LockOwner.from_json(res.stdout)
+            now = time.time()
+            if holder is None and self._empty_owner_age() > EMPTY_OWNER_STALE_S:
+                holder = LockOwner("?", 0, 0.0, "a lock with no owner written")
+                self.remote.run(sh_argv(BREAK_SCRIPT, self.paths.lock_dir, res.stdout, str(int(now))), check=False,
+                                what="break the ownerless host lock")
+                self.broke = holder
+                continue
+            if not is_stale(holder, now=now, ttl_s=self.ttl_s, local_host=socket.gethostname(),
+                            own_pid=os.getpid()):
+                who = holder.describe(now) if holder else "an owner still writing its name"
+                raise LockHeld(
+                    f"{self.remote.address}: another deploy holds the host lock ({who}); "
+                    f"wait for it to finish, or if it is gone remove {self.paths.lock_dir}"
+                )
+            assert holder is not None
+            self.remote.run(
+                sh_argv(BREAK_SCRIPT, self.paths.lock_dir, res.stdout, str(int(now))),
+                check=False,
+                what="break the stale host lock",
+            )
+            self.broke = holder
+        raise LockHeld(f"{self.remote.address}: lost the race for the host lock; re-run")
+
+    def __exit__(self, *exc: object) -> None:
+        self.remote.run(
+            sh_argv(RELEASE_SCRIPT, self.paths.lock_dir, self.owner.to_json()),
+            check=False,
+            what="release the host lock",
+        )
+
+
+class LockHeld(InfraError):
+    """Another live deploy holds the host lock."""

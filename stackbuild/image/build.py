@@ -1,0 +1,308 @@
+"""`build_stack`: render, assemble the context, build with BuildKit, smoke-test, tag, push.
+
+The image is built under a temporary tag and gets its real REPO:LABEL-HASH12 tag
+only after the smoke test passes, so a failed build leaves no half-tagged image.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stackbuild.errors import InfraError, InputError
+from stackbuild.image import buildkit, context, engine
+from stackbuild.image import registry as reg
+from stackbuild.paths import cache_dir
+from stackbuild.spec.stack import Stack
+
+Echo = Callable[[str], None]
+BUILD_TIMEOUT_S = 6 * 3600  # a torch source build takes hours
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image: str  # REPO:LABEL-HASH12
+    tag: str  # LABEL-HASH12
+    hash: str  # full content hash
+    image_id: str | None  # local config digest (None when only the registry has it)
+    digest: str | None  # registry manifest digest, when pushed or found there
+    skipped: bool
+    log_path: str | None = None
+    lock: dict[str, Any] = field(default_factory=dict)  # stack.lock.json of the image
+
+    @property
+    def repo_digest(self) -> str | None:
+        return f"{self.image.rsplit(':', 1)[0]}@{self.digest}" if self.digest else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    stack: Stack
+    repo: str
+    registry: str | None  # HOST:PORT/REPO when the image goes to / comes from a registry
+    ref: str
+    hash: str
+    lock: dict[str, Any]
+    request: buildkit.BuildRequest
+    builder: buildkit.Builder
+    ctx: context.Context
+    display: str  # "tty": a progress bar per stage; "plain": BuildKit's lines
+
+    @property
+    def argv(self) -> list[str]:
+        return buildkit.build_argv(self.builder, self.request)
+
+
+def _echo(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build_stack(
+    stack: Stack | str,
+    *,
+    registry: str | None = None,
+    push: bool = False,
+    no_cache: bool = False,
+    dry_run: bool = False,
+    root: Path | None = None,
+    variant: str | None = None,
+    echo: Echo = _echo,
+    progress: str | None = None,
+) -> BuildResult:
+    """Build (or find) the stack's image; with push, make sure the registry has it too."""
+    if isinstance(stack, str):
+        from stackbuild.spec.load import load_stack
+
+        stack = load_stack(stack, root=root, variant=variant)
+    target = registry or stack.host.registry
+    if target:
+        reg.parse_registry(target)
+    if push and not target:
+        raise InputError(f"{stack.source}: --push needs --registry HOST:PORT/REPO (or host.registry in the spec)")
+    c = _client_or_none() if dry_run else engine.client()
+    if target and push:
+        reg.ping(target.split("/", 1)[0])  # fail before hours of building, not after
+    elif target and not dry_run:
+        _ping_soft(target, echo)
+    if dry_run:  # the context stays on disk, for reading
+        keep = cache_dir() / "contexts"
+        keep.mkdir(parents=True, exist_ok=True)
+        plan = _plan(
+            stack,
+            target,
+            Path(tempfile.mkdtemp(prefix=f"{stack.label}-", dir=keep)),
+            c,
+            no_cache=no_cache,
+            progress=progress,
+            push=push,
+            dry_run=True,
+        )
+        _print_dry_run(plan, echo, daemon=c is not None)
+        return BuildResult(plan.ref, plan.ref.rsplit(":", 1)[1], plan.hash, None, None, skipped=True, lock=plan.lock)
+    with tempfile.TemporaryDirectory(prefix="stackbuild-ctx-") as tmp:
+        plan = _plan(stack, target, Path(tmp), c, no_cache=no_cache, progress=progress, push=push)
+        with _lock(plan.hash):
+            return _execute(plan, c, push=push, echo=echo)
+
+
+def _client_or_none() -> Any:
+    try:
+        return engine.client()
+    except InfraError:
+        return None
+
+
+def _ping_soft(target: str, echo: Echo) -> None:
+    try:
+        reg.ping(target.split("/", 1)[0])
+    except InfraError as err:
+        echo(f"note: {err}; building without the registry's cache")
+
+
+def _plan(
+    stack: Stack,
+    target: str | None,
+    tmp: Path,
+    c: Any,
+    *,
+    no_cache: bool,
+    progress: str | None,
+    push: bool,
+    dry_run: bool = False,
+) -> Plan:
+    from stackbuild.render.stack import image_ref
+
+    rendered = context.rendered_for_image(stack)
+    ctx = context.assemble(rendered.files, tmp / "context", python=stack.python)
+    if c is not None and stack.base_image.startswith("local/") and engine.image_attrs(c, stack.base_image) is None:
+        raise InfraError(f"base image {stack.base_image} is absent; make it with: bash scripts/infra/up.sh")
+    digest = rendered.content_hash
+    repo = target or "stackbuild"
+    ref = image_ref(stack, digest, repo)
+    dockerfile = rendered.files["Dockerfile"]
+    build_args = context.build_args(dockerfile, stack, *context.machine())
+    builder = buildkit.find_builder()
+    cache_ref = f"{target}:buildcache-{stack.label}" if target else None
+    request = buildkit.BuildRequest(
+        context=ctx.dir,
+        tag=f"{ref}-partial{os.getpid()}",
+        labels={},  # the Dockerfile's own LABELs carry the hash and the lock
+        build_args=build_args,
+        secrets=_secret_files(stack, tmp / "secrets", write=not dry_run),
+        cache_from=(cache_ref,) if cache_ref and not no_cache and _exists(cache_ref) else (),
+        cache_to=cache_ref if push and cache_ref else None,
+        no_cache=no_cache,
+        progress="plain",  # always plain for the CLI: we parse it, and draw bars ourselves on a tty
+        iidfile=tmp / "iid",
+    )
+    display = progress or ("tty" if sys.stderr.isatty() else "plain")
+    return Plan(stack, repo, target, ref, digest, rendered.lock, request, builder, ctx, display)
+
+
+def _exists(ref: str) -> bool:
+    try:
+        return reg.manifest_digest(reg.parse_ref(ref)) is not None
+    except InfraError:
+        return False
+
+
+def _secret_files(stack: Stack, d: Path, *, write: bool = True) -> dict[str, Path]:
+    """BuildKit secrets from the environment (id hf_token <- $HF_TOKEN); files only this user reads.
+
+    A dry run (write=False) names the files the command would use but writes no value: its
+    context is kept on disk for reading, and a secret must not outlive the command.
+    """
+    out: dict[str, Path] = {}
+    for sid in stack.build.secrets:
+        value = os.environ.get(sid.upper())
+        if not value:
+            continue
+        p = d / sid
+        out[sid] = p
+        if not write:
+            continue
+        d.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
+    return out
+
+
+def _print_dry_run(plan: Plan, echo: Echo, *, daemon: bool) -> None:
+    echo(f"builder: {plan.builder.description}")
+    echo(f"image: {plan.ref}" + ("" if daemon else " (docker daemon not reachable)"))
+    echo("command: DOCKER_BUILDKIT=1 " + shlex.join(plan.argv))
+    echo(f"context ({plan.ctx.dir}):")
+    for rel in sorted(plan.ctx.digests):
+        size = (plan.ctx.dir / rel).stat().st_size
+        echo(f"  {rel}  {size} bytes")
+
+
+@contextmanager
+def _lock(digest: str) -> Iterator[None]:
+    d = cache_dir() / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    with (d / f"{digest[:16]}.lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _execute(plan: Plan, c: Any, *, push: bool, echo: Echo) -> BuildResult:
+    tag = plan.ref.rsplit(":", 1)[1]
+    local = engine.image_attrs(c, plan.ref)
+    if local is not None and engine.labels_of(local).get("dev.stackbuild.hash") == plan.hash:
+        echo(f"skipped: {plan.ref} already exists locally (same content hash)")
+        digest = _ensure_pushed(plan, c, echo) if push else _registry_digest(plan)
+        return BuildResult(plan.ref, tag, plan.hash, str(local["Id"]), digest, skipped=True, lock=plan.lock)
+    if plan.registry and (remote := _registry_digest(plan)):
+        echo(f"skipped: {plan.ref} already exists in the registry ({remote})")
+        return BuildResult(plan.ref, tag, plan.hash, None, remote, skipped=True, lock=plan.lock)
+    log_path = (
+        cache_dir() / "logs" / f"{plan.stack.label}-{plan.hash[:12]}-{time.strftime('%Y%m%dT%H%M%S')}.log"
+    )
+    echo(f"building {plan.ref} with {plan.builder.description}; log: {log_path}")
+    partial = plan.request.tag
+    try:
+        with _progress(plan.display, echo) as on_line:
+            buildkit.stream_build(
+                plan.argv, env=plan.builder.env(os.environ), log_path=log_path, timeout=BUILD_TIMEOUT_S, on_line=on_line
+            )
+        image_id = (plan.request.iidfile.read_text().strip() if plan.request.iidfile else "") or str(
+            c.images.get(partial).id
+        )
+        from stackbuild.image.smoke import smoke_test
+
+        for line in smoke_test(c, partial, plan.stack):
+            echo(f"smoke: {line}")
+        engine.tag(c, image_id, plan.ref)
+    finally:
+        engine.untag(c, partial)
+    echo(f"built {plan.ref} ({image_id})")
+    digest = _ensure_pushed(plan, c, echo) if push else None
+    return BuildResult(
+        plan.ref, tag, plan.hash, image_id, digest, skipped=False, log_path=str(log_path), lock=plan.lock
+    )
+
+
+def _registry_digest(plan: Plan) -> str | None:
+    if not plan.registry:
+        return None
+    try:
+        return reg.manifest_digest(reg.parse_ref(plan.ref))
+    except InfraError:
+        return None
+
+
+def _ensure_pushed(plan: Plan, c: Any, echo: Echo) -> str:
+    remote = reg.manifest_digest(reg.parse_ref(plan.ref))
+    if remote:
+        echo(f"push skipped: the registry already has {plan.ref} ({remote})")
+        return remote
+    digest = engine.push(c, plan.ref)
+    echo(f"pushed {plan.ref} ({digest})")
+    if not plan.builder.buildx:  # the inline-cache image a second machine builds from
+        cache_ref = f"{plan.registry}:buildcache-{plan.stack.label}"
+        engine.tag(c, plan.ref, cache_ref)
+        try:
+            engine.push(c, cache_ref)
+        finally:
+            engine.untag(c, cache_ref)
+    return digest
+
+
+@contextmanager
+def _progress(mode: str, echo: Echo) -> Iterator[Callable[[str], None]]:
+    """On a tty, a progress bar per stage; otherwise BuildKit's plain lines as they come."""
+    if mode != "tty":
+        yield echo
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    stages = buildkit.StageProgress()
+    tasks: dict[str, Any] = {}
+    with Progress(
+        TextColumn("{task.description:<14}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    ) as bar:
+
+        def feed(line: str) -> None:
+            stages.feed(line)
+            for name, (done, total) in stages.stages.items():
+                if name not in tasks:
+                    tasks[name] = bar.add_task(name, total=total)
+                bar.update(tasks[name], completed=done, total=total)
+
+        yield feed

@@ -1,0 +1,52 @@
+"""The one writer of results: the report (and its plot) from the ledger, refreshed after each record.
+
+`build`, `gate`, `deploy`, the fleet and the demo record into the ledger and then call
+`update_report`; nothing else writes report.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from stackbuild.results.ledger import Ledger
+from stackbuild.results.report import build_report, render_markdown
+
+
+def _note(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def report_path_for(ledger_path: Path) -> Path:
+    return ledger_path.parent / "report.md"
+
+
+def write_report(ledger: Ledger, out: Path, *, plot: bool = True, note: Callable[[str], None] = _note) -> Path:
+    """Write the Markdown report (and its plot next to it) atomically; return the report path."""
+    report = build_report(ledger.gate_runs(), ledger.deploys(), ledger.builds())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    plot_name = None
+    if plot and report.groups and report.groups[0].cells:
+        try:
+            from stackbuild.results.plot import plot_group
+
+            paths = plot_group(report.groups[0], out.with_name(out.stem + "-throughput"))
+            plot_name = next(p.name for p in paths if p.suffix == ".svg")
+        except ImportError:  # matplotlib is the optional `plot` extra: the report still lands
+            note("report: written without its plot: matplotlib is missing (pip install 'stackbuild[plot]')")
+    text = render_markdown(report, plot_name)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}.{threading.get_ident()}")  # fleet: threads too
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+def update_report(ledger_path: Path) -> Path:
+    """Regenerate the report next to the ledger (after a build, gate or deploy) and return its path."""
+    out = report_path_for(ledger_path)
+    with Ledger(ledger_path) as ledger:
+        write_report(ledger, out)
+    return out

@@ -1,0 +1,304 @@
+"""The conditions of the compatibility rules: small pure functions of a Stack that yield the spec
+paths they object to (and values for the message). The table that names them is rules.py."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from stackbuild.paths import cache_dir
+from stackbuild.spec.facts import (
+    ARCH_MIN_CUDA,
+    CMAKE_OPTION_PREFIXES,
+    COMPONENT_DIST,
+    FLASHINFER_PURE_FROM,
+    PRESENCE_ENV,
+    SGLANG_CUDA13_FROM,
+    SGLANG_LAST_CUDA12,
+    SGLANG_PINS,
+    SGLANG_PYTHONS,
+    TORCH_CUDA_WHEELS,
+)
+from stackbuild.spec.facts import driver_floor as driver_floor  # re-exported: preflight checks the same floor
+from stackbuild.spec.stack import Stack
+
+Hit = tuple[tuple[str | int, ...], dict[str, Any]]
+
+
+# The facts each condition reads live in stackbuild.spec.facts, each with its source.
+
+
+def ver(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def cu_tag(index: str | None) -> str | None:
+    m = re.search(r"/(cu\d{3})/?$", index or "")
+    return m.group(1) if m else None
+
+
+def flag_on(stack: Stack, name: str) -> bool:
+    v = stack.server.flags.get(name)
+    return v is not None and v is not False
+
+
+def source_env(stack: Stack, comp: str, key: str) -> tuple[str | None, tuple[str | int, ...]]:
+    c = getattr(stack.components, comp)
+    if c is None or c.source is None:
+        return None, ()
+    return c.source.env.get(key), ("components", comp, "source", "env", key)
+
+
+def fusion_patched(stack: Stack) -> bool:
+    return any("flashinfer_comm_fusion.py" in p.text for p in stack.patches)
+
+
+def sm120(stack: Stack) -> bool:
+    return "sm_120" in stack.arches
+
+
+def fusion_flags(stack: Stack) -> Iterator[str]:
+    if flag_on(stack, "--enable-flashinfer-allreduce-fusion"):
+        yield "--enable-flashinfer-allreduce-fusion"
+    if stack.server.flags.get("--flashinfer-allreduce-fusion-backend") not in (None, False, "none", "disabled"):
+        yield "--flashinfer-allreduce-fusion-backend"
+
+
+# --- conditions ---------------------------------------------------------------
+
+
+def arch_cuda(s: Stack) -> Iterator[Hit]:
+    for i, arch in enumerate(s.arches):
+        need = ARCH_MIN_CUDA.get(arch)
+        if need and s.cuda_mm and s.cuda_mm < need:
+            yield ("arches", i), {"arch": arch, "need": f"{need[0]}.{need[1]}", "cuda": s.cuda}
+
+
+def fi_arch(s: Stack) -> Iterator[Hit]:
+    val, path = source_env(s, "flashinfer", "FLASHINFER_CUDA_ARCH_LIST")
+    if val and s.cuda_mm and s.cuda_mm < (12, 9):
+        for tok in val.split():
+            if tok.endswith("f"):
+                yield path, {"arch": tok, "alt": tok[:-1] + "a", "cuda": s.cuda}
+    aot = fi_aot(s)
+    if aot and s.cuda_mm and s.cuda_mm < (12, 9):
+        for i, tok in enumerate(aot):
+            if tok.endswith("f"):
+                path = ("components", "flashinfer", "aot", "arches", i)
+                yield path, {"arch": tok, "alt": tok[:-1] + "a", "cuda": s.cuda}
+
+
+def fi_aot(s: Stack) -> tuple[str, ...]:
+    c = s.components.flashinfer
+    return c.aot.arches if c is not None and c.aot is not None else ()
+
+
+def aot_arch_for(arch: str, cuda_mm: tuple[int, int] | None) -> str | None:
+    """The FLASHINFER_CUDA_ARCH_LIST word flashinfer's runtime picks for sm_XYZ (its _normalize_cuda_arch)."""
+    m = re.fullmatch(r"sm_(\d+)(\d)", arch)
+    if not m:
+        return None
+    major, minor = int(m.group(1)), m.group(2)
+    if major == 12 and minor == "0":
+        return "12.0f" if cuda_mm and cuda_mm >= (12, 9) else "12.0a"
+    return f"{major}.{minor}" + ("a" if major >= 9 else "")
+
+
+def fi_aot_cover(s: Stack) -> Iterator[Hit]:
+    aot = fi_aot(s)
+    have = {re.sub(r"[af]$", "", a) for a in aot}
+    for arch in s.arches if aot else ():
+        want = aot_arch_for(arch, s.cuda_mm)
+        if want and re.sub(r"[af]$", "", want) not in have:
+            yield ("components", "flashinfer", "aot", "arches"), {"arch": arch, "want": want, "have": " ".join(aot)}
+
+
+def fi_aot_build(s: Stack) -> Iterator[Hit]:
+    c = s.components.flashinfer
+    if c is None or c.aot is None:
+        return
+    if c.source is not None:
+        yield ("components", "flashinfer", "aot"), {"why": "it compiles the locked wheel's sources: drop source:"}
+    elif "devel" not in s.base_image.rsplit(":", 1)[-1]:
+        why = f"it needs nvcc, which {s.base_image} lacks: use a -devel- base"
+        yield ("components", "flashinfer", "aot"), {"why": why}
+
+
+def torch_wheel(s: Stack) -> Iterator[Hit]:
+    t = s.components.torch
+    if t is None or t.source is not None:
+        return
+    tag = cu_tag(t.index)
+    if tag is None:
+        return
+    minor = ver(t.version)[:2]
+    have = TORCH_CUDA_WHEELS.get((minor[0], minor[1])) if len(minor) == 2 else None
+    if have is not None and tag not in have:
+        yield ("components", "torch", "index"), {"version": t.version, "tag": tag, "have": ", ".join(sorted(have))}
+
+
+def torch_index_cuda(s: Stack) -> Iterator[Hit]:
+    t = s.components.torch
+    tag = cu_tag(t.index if t else None)
+    if t and tag and s.cuda_mm and tag[:4] != f"cu{s.cuda_mm[0]}":
+        want = torch_tag_for(t.version, s.cuda_mm)
+        yield ("components", "torch", "index"), {"tag": tag, "cuda": s.cuda, "want": want}
+
+
+def torch_tag_for(version: str, cuda: tuple[int, int]) -> str:
+    """The index to propose: a cuXYZ torch `version` ships, same CUDA major, not newer than the stack's."""
+    minor = ver(version)[:2]
+    have = TORCH_CUDA_WHEELS.get((minor[0], minor[1])) if len(minor) == 2 else None
+    fits = sorted(tag for tag in have or () if tag[2:4] == str(cuda[0]) and int(tag[4:]) <= cuda[1])
+    if fits:
+        return f"the {fits[-1]} index"
+    return f"no index: torch {version} ships no CUDA {cuda[0]}.x<={cuda[0]}.{cuda[1]} wheel, so pin another torch"
+
+
+def pins(s: Stack) -> Iterator[Hit]:
+    v = s.sglang_version
+    if v is None:
+        return
+    pins = release_pins(v)
+    for comp, dist in COMPONENT_DIST.items():
+        c = getattr(s.components, comp)
+        want = pins.get(dist)
+        if c is not None and want and c.version != want:
+            yield ("components", comp, "version"), {"comp": comp, "have": c.version, "want": want, "sglang": v}
+
+
+def release_pins(version: str) -> dict[str, str]:
+    from stackbuild.spec import sglang
+
+    if sglang.wheel_path(version) or (cache_dir() / "sglang" / version / "flags.json").is_file():
+        try:
+            req = sglang.load_table(version, offline=True).requires
+            if req:
+                return req
+        except Exception:  # a broken cache falls back to the table below
+            pass
+    return SGLANG_PINS.get(version, {})
+
+
+def sglang_cuda13(s: Stack) -> Iterator[Hit]:
+    v = s.sglang_version
+    if v and s.cuda_mm and s.cuda_mm[0] < 13 and ver(v) >= SGLANG_CUDA13_FROM:
+        yield (
+            ("components", "sglang", "version"),
+            {
+                "version": v,
+                "cuda": s.cuda,
+                "floor": driver_floor(s.cuda),
+                "last": SGLANG_LAST_CUDA12,
+            },
+        )
+
+
+def python_distro(s: Stack) -> Iterator[Hit]:
+    from stackbuild.spec.lock.target import DISTROS, distro_of
+
+    d = distro_of(s.base_image)
+    if s.server.engine == "sglang" and d and s.python not in DISTROS[d].pythons:
+        yield ("python",), {"python": s.python, "distro": d, "have": ", ".join(DISTROS[d].pythons)}
+
+
+def python_sglang(s: Stack) -> Iterator[Hit]:
+    v = s.sglang_version
+    have = SGLANG_PYTHONS.get(v or "")
+    if v and have and s.python not in have:
+        yield ("python",), {"python": s.python, "sglang": v, "have": ", ".join(have)}
+
+
+def presence_env(s: Stack) -> Iterator[Hit]:
+    for name, c in s.components.items():
+        for key in c.source.env if c.source else {}:
+            if key in PRESENCE_ENV:
+                yield ("components", name, "source", "env", key), {"name": key, "why": PRESENCE_ENV[key]}
+    for key in s.server.env:
+        if key in PRESENCE_ENV:
+            yield ("server", "env", key), {"name": key, "why": PRESENCE_ENV[key]}
+
+
+def cmake_env(s: Stack) -> Iterator[Hit]:
+    for name, c in s.components.items():
+        for key in c.source.env if c.source else {}:
+            if key.startswith(CMAKE_OPTION_PREFIXES):
+                yield ("components", name, "source", "env", key), {"name": key, "comp": name}
+
+
+def flashinfer_noop(s: Stack) -> Iterator[Hit]:
+    c = s.components.flashinfer
+    if c is not None and c.source is not None and ver(c.version) >= FLASHINFER_PURE_FROM:
+        yield ("components", "flashinfer", "source"), {"version": c.version}
+
+
+def opens_trtllm_on_sm120(text: str) -> bool:
+    """The patch edits flashinfer_comm_fusion.py and adds an SM120 case (an added line naming sm120)."""
+    return "flashinfer_comm_fusion.py" in text and any(
+        ln.startswith("+") and not ln.startswith("+++") and "sm120" in ln.lower() for ln in text.splitlines()
+    )
+
+
+def patch_trtllm_ipc(s: Stack) -> Iterator[Hit]:
+    if not sm120(s) or s.server.env.get("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE") in (None, "0"):
+        return
+    for i, p in enumerate(s.patches):
+        if opens_trtllm_on_sm120(p.text):
+            yield ("patches", i), {}
+
+
+def fusion_patch(s: Stack) -> Iterator[Hit]:
+    if sm120(s) and s.sglang_version and ver(s.sglang_version) <= (0, 5, 23) and not fusion_patched(s):
+        for f in fusion_flags(s):
+            yield ("server", "flags", f), {"flag": f, "sglang": s.sglang_version}
+
+
+def fusion_cuda128(s: Stack) -> Iterator[Hit]:
+    if sm120(s) and s.cuda_mm and s.cuda_mm < (13, 0):
+        for f in fusion_flags(s):
+            yield ("server", "flags", f), {"flag": f, "cuda": s.cuda}
+
+
+def symm_mem(s: Stack) -> Iterator[Hit]:
+    if sm120(s) and flag_on(s, "--enable-torch-symm-mem"):
+        yield ("server", "flags", "--enable-torch-symm-mem"), {}
+
+
+def spec_cap(s: Stack) -> Iterator[Hit]:
+    if s.server.flags.get("--speculative-algorithm") and "--max-running-requests" not in s.server.flags:
+        yield ("server", "flags", "--speculative-algorithm"), {}
+
+
+def adaptive_topk(s: Stack) -> Iterator[Hit]:
+    if flag_on(s, "--speculative-adaptive"):
+        topk = s.server.flags.get("--speculative-eagle-topk")
+        if topk is not None and str(topk) != "1":
+            yield ("server", "flags", "--speculative-adaptive"), {"topk": topk}
+
+
+def moe_runner(s: Stack) -> Iterator[Hit]:
+    v = s.server.flags.get("--moe-runner-backend")
+    if sm120(s) and v in ("auto", "flashinfer_trtllm") and not any(a.startswith("sm_10") for a in s.arches):
+        yield ("server", "flags", "--moe-runner-backend"), {"value": v}
+
+
+def driver(s: Stack) -> Iterator[Hit]:
+    floor = driver_floor(s.cuda)
+    if floor and s.host.driver and ver(s.host.driver)[0] < floor:
+        yield ("host", "driver"), {"driver": s.host.driver, "floor": floor, "cuda": s.cuda}
+
+
+def tp_gpus(s: Stack) -> Iterator[Hit]:
+    tp_flag = s.server.flags.get("--tp-size", s.server.flags.get("--tensor-parallel-size"))
+    if tp_flag is not None and str(tp_flag) != str(s.runtime.tp):
+        yield ("server", "flags", "--tp-size"), {"flag": tp_flag, "tp": s.runtime.tp}
+    n = s.runtime.gpu_count
+    if n is not None and s.runtime.tp > n:
+        yield ("runtime", "tp"), {"tp": s.runtime.tp, "gpus": n}
+
+
+def base_cuda(s: Stack) -> Iterator[Hit]:
+    m = re.search(r"cuda:(\d+\.\d+(?:\.\d+)?)", s.base_image)
+    if m and s.cuda and not m.group(1).startswith(s.cuda) and not s.cuda.startswith(m.group(1)):
+        yield ("base_image",), {"image": m.group(1), "cuda": s.cuda}

@@ -1,0 +1,67 @@
+"""Facts the compatibility rules reason with, as data, each with where it was read.
+
+Kept apart from the conditions (stackbuild.spec.rules) so a fact can be checked against its
+source, and updated, without touching the logic that uses it.
+"""
+
+from __future__ import annotations
+
+# Driver floor per CUDA major.minor (NVIDIA CUDA toolkit release notes, table 3).
+DRIVER_FLOOR: dict[tuple[int, int], int] = {(12, 0): 525, (12, 8): 570, (12, 9): 575, (13, 0): 580, (13, 1): 590}
+
+# cuXYZ wheels on the PyTorch index by torch release (minor -> tags).
+# Source: the pytorch.org "previous versions" matrix; 2.12+ dropped cu128.
+TORCH_CUDA_WHEELS: dict[tuple[int, int], frozenset[str]] = {
+    (2, 7): frozenset({"cu118", "cu126", "cu128"}),
+    (2, 8): frozenset({"cu126", "cu128", "cu129"}),
+    (2, 9): frozenset({"cu126", "cu128", "cu130"}),
+    (2, 10): frozenset({"cu126", "cu128", "cu130"}),
+    (2, 11): frozenset({"cu126", "cu128", "cu130"}),
+    (2, 12): frozenset({"cu126", "cu130"}),
+    (2, 13): frozenset({"cu126", "cu130", "cu132"}),
+    (2, 14): frozenset({"cu126", "cu130", "cu132"}),
+}
+
+# What each sglang release pins (Requires-Dist of its wheel); used when the
+# release's own metadata is not at hand (offline, no cache).
+SGLANG_PINS: dict[str, dict[str, str]] = {
+    "0.5.23": {"torch": "2.14.1", "sglang-kernel": "0.4.10", "flashinfer-python": "0.7.2"},
+}
+COMPONENT_DIST = {"torch": "torch", "sgl_kernel": "sglang-kernel", "flashinfer": "flashinfer-python"}
+
+# The first sglang whose closure is CUDA 13: from 0.5.11 every release requires cuda-python>=13.0
+# (Requires-Dist of each wheel on PyPI); 0.5.10.post1 pins cuda-python==12.9, torch==2.9.1.
+SGLANG_CUDA13_FROM = (0, 5, 11)
+SGLANG_LAST_CUDA12 = "0.5.10.post1"
+
+# CPython versions each sglang release ships wheels for (its files on PyPI; 0.5.23: cp311-cp313,
+# manylinux_2_34 only, Requires-Python >=3.11). A py3-none-any release takes what Requires-Python allows.
+SGLANG_PYTHONS: dict[str, tuple[str, ...]] = {
+    "0.5.23": ("3.11", "3.12", "3.13"),
+    "0.5.10.post1": ("3.10", "3.11", "3.12", "3.13"),
+}
+
+# Boolean environment variables each project tests for presence, not value: any value, "0" included,
+# turns the feature on. flashinfer 0.7.2 jit/core.py: `if os.environ.get("FLASHINFER_DISABLE_JIT")`.
+PRESENCE_ENV: dict[str, str] = {
+    "FLASHINFER_DISABLE_JIT": 'flashinfer 0.7.2 tests it for presence: any value, "0" too, disables the JIT',
+}
+
+# sgl-kernel's CMakeLists.txt reads these as CMake options/cache variables (option()/set(... CACHE)),
+# never from the environment.
+CMAKE_OPTION_PREFIXES = ("SGL_KERNEL_",)
+
+# flashinfer-python from 0.7 packages sources and headers only: a source build yields the same
+# py3-none-any wheel as PyPI's (kernels come from JIT, AOT jit-cache or cubin wheels).
+FLASHINFER_PURE_FROM = (0, 7, 0)
+
+# Arches that need at least this CUDA (sm_100/sm_120 arrived in 12.8, sm_103/sm_121 in 12.9).
+ARCH_MIN_CUDA: dict[str, tuple[int, int]] = {"sm_100": (12, 8), "sm_120": (12, 8), "sm_103": (12, 9), "sm_121": (12, 9)}
+
+
+def driver_floor(cuda: str | None) -> int | None:
+    if not cuda:
+        return None
+    major, minor = (int(x) for x in cuda.split(".")[:2])
+    floors = [v for (ma, mi), v in DRIVER_FLOOR.items() if (ma, mi) <= (major, minor)]
+    return max(floors) if floors else None

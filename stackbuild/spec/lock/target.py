@@ -1,0 +1,125 @@
+"""What a stack resolves for, as data: python, platform, indexes, requirements, fixed inputs (pure)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from stackbuild.spec.stack import Stack
+
+PYPI = "https://pypi.org/simple"
+
+# component -> distribution name on the index (sglang's own Requires-Dist spelling)
+DIST = {"torch": "torch", "sgl_kernel": "sglang-kernel", "flashinfer": "flashinfer-python", "sglang": "sglang"}
+
+
+@dataclass(frozen=True)
+class Distro:
+    glibc: tuple[int, int]
+    pythons: tuple[str, ...]  # what its own package manager installs as python3.X
+    source: str
+
+
+# Base image distro -> glibc and the python3.X its apt/dnf offers (the template installs python from apt).
+# Sources: packages.ubuntu.com (noble: libc6 2.39, python3.12; jammy: 2.35, python3.10; focal: 2.31, 3.8),
+# packages.debian.org (bookworm: libc6 2.36, python3.11).
+DISTROS: dict[str, Distro] = {
+    "ubuntu24.04": Distro((2, 39), ("3.12",), "packages.ubuntu.com noble: libc6 2.39, python3.12"),
+    "ubuntu22.04": Distro((2, 35), ("3.10",), "packages.ubuntu.com jammy: libc6 2.35, python3.10"),
+    "ubuntu20.04": Distro((2, 31), ("3.8",), "packages.ubuntu.com focal: libc6 2.31, python3.8"),
+    "bookworm": Distro((2, 36), ("3.11",), "packages.debian.org bookworm: libc6 2.36, python3.11"),
+}
+
+
+def distro_of(base_image: str) -> str | None:
+    for key in DISTROS:
+        if re.search(rf"(?<![\w.]){re.escape(key)}(?![\w.])", base_image):
+            return key
+    return None
+
+
+def platform_of(stack: Stack) -> str | None:
+    """uv's --python-platform for the base image: x86_64-manylinux_<glibc> (None when unknown)."""
+    if stack.lock.platform:
+        return stack.lock.platform
+    d = distro_of(stack.base_image)
+    return f"x86_64-manylinux_{DISTROS[d].glibc[0]}_{DISTROS[d].glibc[1]}" if d else None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Everything the resolution depends on; its hash decides whether a committed lock is stale."""
+
+    python: str
+    platform: str
+    requirements: tuple[str, ...]
+    source_built: tuple[str, ...]  # dist==version built in the image: resolved for their deps, not emitted
+    index_url: str
+    extra_index_urls: tuple[str, ...]
+    exclude_newer: str | None
+    constraints: tuple[str, ...]
+
+    def inputs_hash(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+
+    @property
+    def source_dists(self) -> tuple[str, ...]:
+        return tuple(r.split("==", 1)[0] for r in self.source_built)
+
+
+def target_of(stack: Stack) -> Target | None:
+    """None for stacks with nothing to resolve (the simulator) or an unknown base platform."""
+    plat = platform_of(stack)
+    comps = stack.components.items()
+    if stack.server.engine != "sglang" or not comps or plat is None:
+        return None
+    reqs = tuple(f"{DIST[n]}=={c.version}" for n, c in comps)
+    built = tuple(f"{DIST[n]}=={c.version}" for n, c in comps if c.source is not None)
+    extra = tuple(sorted({c.index for _, c in comps if c.index and c.source is None}))
+    return Target(
+        python=stack.python,
+        platform=plat,
+        requirements=reqs,
+        source_built=built,
+        index_url=PYPI,
+        extra_index_urls=extra,
+        exclude_newer=stack.lock.exclude_newer,
+        constraints=tuple(stack.lock.constraints),
+    )
+
+
+def own_lock(stack: Stack) -> bool:
+    """Whether a variant resolves differently from its stack (and so has a lock of its own)."""
+    if stack.variant is None:
+        return False
+    st = stack.source.stat()
+    return _base_target(stack.source, stack.root, st.st_mtime_ns, st.st_size) != target_of(stack)
+
+
+@functools.lru_cache(maxsize=64)
+def _base_target(source: Path, root: Path, _mtime_ns: int, _size: int) -> Target | None:
+    """The stack's own target, loaded once per file version (validate asks for every variant)."""
+    from stackbuild.spec.load import load_stack
+
+    return target_of(load_stack(source, root=root))
+
+
+def lock_stem(stack: Stack) -> str:
+    """NAME, or NAME.VARIANT for a variant whose closure differs (most change only server flags)."""
+    return f"{stack.name}.{stack.variant}" if own_lock(stack) else stack.name
+
+
+def lock_command(stack: Stack) -> str:
+    return f"stackbuild lock {stack.name}" + (f" --variant {stack.variant}" if own_lock(stack) else "")
+
+
+def lock_path(stack: Stack) -> Path:
+    return stack.root / "stacks" / "locks" / f"{lock_stem(stack)}.txt"
+
+
+def audit_path(stack: Stack) -> Path:
+    return stack.root / "stacks" / "locks" / f"{lock_stem(stack)}.audit.json"

@@ -1,0 +1,238 @@
+"""Gate profiles: what to measure and which bars to hold, as one frozen model.
+
+A stack's `gate.profiles` are GateProfile objects; `BUILTIN_PROFILES` serve
+when no stack is given. Every field can be overridden from the command line
+(`GateProfile.model_copy(update=...)` after validation through `with_overrides`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# The latency objectives capacity search can hold (`--slo KEY=MS`, `slo:` in a profile).
+SLO_KEYS = ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms")
+
+
+class _FrozenModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Workload(_FrozenModel):
+    """Everything that changes the numbers. Two results compare only on equal fingerprints."""
+
+    api: Literal["completions", "generate"] = "completions"
+    model: str = "default"
+    input_len: int = 128
+    output_len: int = 256
+    ignore_eos: bool = True
+    seed: int = 0
+    warmup: int = 2
+    concurrency: tuple[int, ...] = (1,)
+    runs: int = 3
+    max_runs: int = 6
+    # requests per run at concurrency C: max(C * requests_per_slot, min_requests)
+    requests_per_slot: int = 1
+    timeout_s: float = 120.0
+    # no byte for this long ends a request as stalled (not fingerprinted: it bounds, not measures)
+    stall_timeout_s: float = 30.0
+    # Added by the gate: at low C, more requests per run narrow the run-to-run spread
+    # (speculative acceptance is noisy on short runs). Not fingerprinted: below the
+    # server's batch cap it changes the spread, not the expected tok/s.
+    min_requests: int = 0
+
+    def fingerprint(self) -> str:
+        # Run counts and timeouts change how sure we are, not what is measured.
+        keys = {"api", "model", "input_len", "output_len", "ignore_eos", "seed", "requests_per_slot"}
+        payload = json.dumps(self.model_dump(include=keys), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+
+# Greedy prompts for the correctness probe: short, plain, and different enough
+# that a server emitting the same text for all of them is noticed.
+DEFAULT_PROBE_PROMPTS: tuple[str, ...] = (
+    "The capital of France is",
+    "List three prime numbers:",
+    "def fibonacci(n):",
+)
+
+
+class LevelPolicy(BaseModel):
+    """The bar at one concurrency: may lose up to `tolerance`, or must gain `min_gain`.
+
+    A level that is not `required` is measured and judged, but its verdict does
+    not decide the gate (it is reported as advisory).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tolerance: float | None = Field(default=None, ge=0, lt=1)
+    min_gain: float | None = Field(default=None, ge=0)
+    required: bool = True
+
+    @model_validator(mode="after")
+    def _one_bar(self) -> LevelPolicy:
+        if self.tolerance is not None and self.min_gain is not None:
+            raise ValueError("a level takes tolerance (may lose up to) or min_gain "
+                             "(must gain at least), not both")
+        return self
+
+
+class GateProfile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    description: str = ""
+    api: Literal["completions", "generate"] = "completions"
+    model: str = "default"
+    concurrency: tuple[int, ...] = (1, 8)
+    input_len: int = Field(default=128, ge=1)
+    output_len: int = Field(default=256, ge=2)
+    ignore_eos: bool = True
+    seed: int = 0
+    warmup: int = Field(default=2, ge=0)
+    runs: int = Field(default=3, ge=1)
+    max_runs: int = Field(default=6, ge=1)
+    requests_per_slot: int = Field(default=1, ge=1)
+    min_requests: int = Field(default=0, ge=0)
+    timeout_s: float = Field(default=120.0, gt=0)
+    # a streamed request with no byte for this long fails as stalled
+    stall_timeout_s: float = Field(default=30.0, gt=0)
+    # the whole gate ends by then (levels not finished fail with the cause); None: derived
+    deadline_s: float | None = Field(default=None, gt=0)
+    # before measuring: port open, /health 200 and one generation within this long
+    ready_timeout_s: float = Field(default=10.0, gt=0)
+    # relative slack: pass when the CI lower bound of candidate/incumbent >= 1 - tolerance
+    tolerance: float = Field(default=0.05, ge=0, lt=1)
+    # per-concurrency bars; a level not named here holds `tolerance` and is required
+    levels: dict[int, LevelPolicy] = Field(default_factory=dict)
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    # absolute bars; None disables a bar
+    min_tok_s_c1: float | None = None
+    max_ttft_p99_ms: float | None = None
+    max_failed_requests: int = Field(default=0, ge=0)
+    # correctness probe: greedy prompts; golden texts (same order) when no live incumbent
+    probe_prompts: tuple[str, ...] = DEFAULT_PROBE_PROMPTS
+    probe_max_tokens: int = Field(default=32, ge=1)
+    probe_golden: tuple[str, ...] = ()
+    # traffic weights: concurrency level -> share of the incumbent's busy time (from
+    # `stackbuild traffic`, or declared); adds the expected throughput change on it
+    traffic: dict[int, float] = Field(default_factory=dict)
+    # capacity under SLOs (stackbuild.gate.capacity): keys ttft_p99_ms, itl_p99_ms, tpot_p99_ms
+    slo: dict[str, float] = Field(default_factory=dict)
+    capacity_max_concurrency: int = Field(default=256, ge=1)
+    # fail when the candidate's capacity under the SLOs is below the incumbent's
+    require_capacity: bool = False
+    # output agreement with the incumbent (stackbuild.gate.agreement); 0 prompts disables it
+    agreement_prompts: int = Field(default=32, ge=0, le=1000)
+    agreement_tokens: int = Field(default=32, ge=1, le=4096)
+    # fail when fewer prompts than this agree on their first greedy token
+    min_first_token_agreement: float = Field(default=0.75, ge=0, le=1)
+    # fail when the candidate's mean logprob of the incumbent's outputs is lower by more
+    # than this (nats per token); a benign divergence moves it by hundredths
+    max_logprob_drop: float = Field(default=0.5, ge=0)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(c < 1 for c in v):
+            raise ValueError("concurrency levels must be positive integers, e.g. [1, 30, 250]")
+        return tuple(sorted(set(v)))
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, x in v.items() if k not in SLO_KEYS or not x > 0]
+        if bad:
+            raise ValueError(f"slo: {', '.join(bad)}: keys are {', '.join(SLO_KEYS)}, "
+                             "values milliseconds > 0")
+        return v
+
+    def policy(self, concurrency: int) -> LevelPolicy:
+        return self.levels.get(concurrency) or LevelPolicy()
+
+    def bar(self, concurrency: int) -> float:
+        """The lowest candidate/incumbent ratio that passes at this level."""
+        pol = self.policy(concurrency)
+        if pol.min_gain is not None:
+            return 1.0 + pol.min_gain
+        return 1.0 - (self.tolerance if pol.tolerance is None else pol.tolerance)
+
+    def workload(self) -> Workload:
+        return Workload(
+            api=self.api,
+            model=self.model,
+            input_len=self.input_len,
+            output_len=self.output_len,
+            ignore_eos=self.ignore_eos,
+            seed=self.seed,
+            warmup=self.warmup,
+            concurrency=self.concurrency,
+            runs=self.runs,
+            max_runs=max(self.max_runs, self.runs),
+            requests_per_slot=self.requests_per_slot,
+            min_requests=self.min_requests,
+            timeout_s=self.timeout_s,
+            stall_timeout_s=min(self.stall_timeout_s, self.timeout_s),
+        )
+
+    def gate_deadline_s(self) -> float:
+        """The whole gate's bound: `deadline_s`, else the worst case the workload's own timeouts allow.
+
+        Worst case: every run of every level at max_runs, on both sides (incumbent and candidate),
+        each round of requests taking the full per-request timeout; plus warmup and the probe.
+        A stalled server fails each request after `stall_timeout_s`, long before this.
+        """
+        if self.deadline_s is not None:
+            return self.deadline_s
+        per = self.timeout_s
+        rounds = sum(
+            -(-max(c * self.requests_per_slot, self.min_requests) // c) for c in self.concurrency
+        )
+        levels = max(self.max_runs, self.runs) * 2 * rounds * per
+        warm = 2 * -(-self.warmup // max(1, min(max(self.concurrency), self.warmup or 1))) * per
+        probe = 2 * len(self.probe_prompts) * per + 2 * self.ready_timeout_s
+        return levels + warm + probe
+
+    def with_overrides(self, **fields: Any) -> GateProfile:
+        """A copy with the given fields replaced (None means: keep), validated again."""
+        data = self.model_dump()
+        levels = fields.pop("levels", None)
+        if levels:  # per-level bars from the CLI replace the profile's at those levels
+            data["levels"] = {**data["levels"], **levels}
+        data.update({k: v for k, v in fields.items() if v is not None})
+        return GateProfile.model_validate(data)
+
+
+BUILTIN_PROFILES: dict[str, GateProfile] = {
+    # Small enough for tests and the demo against the simulator at high --speed.
+    "quick": GateProfile(
+        description="short smoke gate: C=1,8, 64 in / 64 out, 3 runs (up to 6)",
+        concurrency=(1, 8),
+        input_len=64,
+        output_len=64,
+        warmup=2,
+        runs=3,
+        max_runs=6,
+        timeout_s=60.0,
+        stall_timeout_s=10.0,
+    ),
+    # The users' hand procedure (seeds/000, seeds/004): 10 runs of 2048 tokens after
+    # warmup, sweep at C=1, 30, 250.
+    "users": GateProfile(
+        description="the users' sweep: C=1,30,250, 2048 out tokens, 10 runs",
+        concurrency=(1, 30, 250),
+        input_len=128,
+        output_len=2048,
+        warmup=3,
+        runs=10,
+        max_runs=15,
+        timeout_s=1800.0,
+        stall_timeout_s=120.0,
+        # derived from the timeouts it would be 45 h; a deploy holds the host lock this long at most
+        deadline_s=4 * 3600.0,
+    ),
+}

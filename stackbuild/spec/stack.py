@@ -1,0 +1,217 @@
+"""The stack spec's typed, frozen model: what a `Stack` holds once loaded (load.py builds it).
+
+Every value reaching a unit, a Dockerfile, a shell or a path has a kind (kinds.py)
+checked here, at the one boundary for user input.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+from stackbuild.spec.fleet import Fleet, FleetHost
+from stackbuild.spec.kinds import (
+    LONG_FLAG as _LONG_FLAG,
+)
+from stackbuild.spec.kinds import (
+    AbsPath,
+    AptPackage,
+    CudaVersion,
+    EnvName,
+    GitRef,
+    Ident,
+    ImageRef,
+    PyVersion,
+    Registry,
+    Size,
+    Text,
+    Url,
+    Version,
+)
+from stackbuild.spec.profile import GateProfile
+from stackbuild.spec.yamlpos import Located
+
+FlagValue = str | int | float | bool | list[str | int | float] | None
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SourceBuild(_Model):
+    repo: Url
+    ref: GitRef
+    env: dict[EnvName, str] = Field(default_factory=dict)
+    # CMake cache variables (-D NAME=VALUE), passed as pip --config-settings=cmake.define.NAME=VALUE
+    cmake: dict[EnvName, str] = Field(default_factory=dict)
+
+
+class Component(_Model):
+    """A pinned wheel (version + index) or a source build (repo, ref, env)."""
+
+    version: Version
+    index: Url | None = None
+    source: SourceBuild | None = None
+
+    @property
+    def kind(self) -> str:
+        return "source" if self.source is not None else "wheel"
+
+
+class FlashinferAot(_Model):
+    """FlashInfer's own AOT build, run in the image: kernels compiled for `arches` land where its runtime loads them."""
+
+    # flashinfer's FLASHINFER_CUDA_ARCH_LIST words: "MAJOR.MINOR" with an optional a/f suffix (12.0f)
+    arches: tuple[str, ...] = Field(min_length=1)
+
+    @field_validator("arches")
+    @classmethod
+    def _arch_words(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for a in v:
+            if not re.fullmatch(r"\d{1,2}\.\d[af]?", a):
+                raise ValueError(
+                    f"flashinfer arch '{a}' must look like '12.0f', '10.0a' or '9.0' (as in FLASHINFER_CUDA_ARCH_LIST)"
+                )
+        return v
+
+
+class FlashinferComponent(Component):
+    aot: FlashinferAot | None = None
+
+
+class Components(_Model):
+    torch: Component | None = None
+    sgl_kernel: Component | None = None
+    flashinfer: FlashinferComponent | None = None
+    sglang: Component | None = None
+
+    def items(self) -> list[tuple[str, Component]]:
+        return [(n, c) for n in ("torch", "sgl_kernel", "flashinfer", "sglang") if (c := getattr(self, n))]
+
+
+class Patch(_Model):
+    path: Path  # absolute, resolved against the stack root
+    sha256: str
+    text: str
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+class Server(_Model):
+    engine: Literal["sglang", "sim"] = "sglang"
+    model_path: Text
+    served_model_name: Text | None = None
+    flags: dict[str, FlagValue] = Field(default_factory=dict)
+    env: dict[EnvName, str] = Field(default_factory=dict)
+
+    @field_validator("flags")
+    @classmethod
+    def _flags_are_long_options(cls, v: dict[str, FlagValue]) -> dict[str, FlagValue]:
+        for k in v:
+            if not k.startswith("--"):
+                raise ValueError(f"flag '{k}' must be spelled as a long option, e.g. '--{k.lstrip('-')}'")
+            if not _LONG_FLAG.fullmatch(k):
+                raise ValueError(f"flag {k!r} is not a long option of letters, digits, - and _")
+        return v
+
+    def flag(self, name: str) -> FlagValue:
+        return self.flags.get(name)
+
+
+class Runtime(_Model):
+    gpus: Literal["all", "none"] | int = "all"
+    tp: int = 1
+    shm_size: Size = "32g"
+    ipc: Literal["host", "private", "shareable"] = "host"
+    ulimits: dict[Ident, str | int] = Field(default_factory=lambda: dict[str, str | int](memlock=-1, stack=67108864))
+    port: int = Field(30000, ge=1, le=65535)
+    staging_port: int = Field(30001, ge=1, le=65535)
+    volumes: tuple[str, ...] = ()
+    secrets: tuple[EnvName, ...] = ()  # names only; values live in the host's EnvironmentFile
+    start_timeout_s: int = Field(1800, ge=1)
+    ready_timeout_s: int = Field(1800, ge=1)
+    restart: Literal["no", "on-failure", "always"] = "on-failure"
+
+    @property
+    def gpu_count(self) -> int | None:
+        return self.gpus if isinstance(self.gpus, int) else None
+
+
+class Build(_Model):
+    max_jobs: int | None = None
+    nvcc_threads: int | None = None
+    secrets: tuple[EnvName, ...] = ()  # BuildKit secret ids, mounted only on fetch steps
+    apt: tuple[AptPackage, ...] = ()
+
+
+class LockSpec(_Model):
+    """Inputs to `stackbuild lock` beyond the components: what pins the resolution in time and space."""
+
+    # Resolve as of this instant (RFC 3339): an old release's unpinned dependencies move on after it.
+    exclude_newer: str | None = None
+    constraints: tuple[str, ...] = ()  # extra `name<op>version` constraints, each with its reason in the YAML
+    platform: str | None = None  # uv --python-platform; default from the base image's distro
+
+
+class GateSpec(_Model):
+    default_profile: str = "quick"
+    profiles: dict[str, GateProfile] = Field(default_factory=dict)
+
+
+class Host(_Model):
+    address: str | None = None
+    service: Ident = "sglang"
+    strategy: Literal["swap", "side-by-side"] = "swap"
+    registry: Registry | None = None  # HOST:PORT/REPO
+    channel: Ident | None = None
+    state_dir: AbsPath = "/var/lib/stackbuild"
+    driver: str | None = None  # known driver version, checked against the CUDA floor
+    hosts: tuple[FleetHost, ...] = ()  # a fleet (deploy --fleet); per-host overrides
+    inventory: str | None = None  # or a YAML file of hosts, relative to the stack root
+    fleet: Fleet = Field(default_factory=Fleet)
+
+
+class Stack(_Model):
+    name: Ident
+    variant: Ident | None = None
+    source: Path
+    root: Path
+    description: Text = ""
+    base_image: ImageRef
+    cuda: CudaVersion | None
+    arches: tuple[Ident, ...] = ()
+    python: PyVersion = "3.12"
+    components: Components = Field(default_factory=Components)
+    patches: tuple[Patch, ...] = ()
+    server: Server
+    runtime: Runtime = Field(default_factory=Runtime)
+    build: Build = Field(default_factory=Build)
+    lock: LockSpec = Field(default_factory=LockSpec)
+    gate: GateSpec = Field(default_factory=GateSpec)
+    host: Host = Field(default_factory=Host)
+    variants: tuple[str, ...] = ()  # names of all variants this stack offers
+    _located: Located | None = PrivateAttr(default=None)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}-{self.variant}" if self.variant else self.name
+
+    @property
+    def sglang_version(self) -> str | None:
+        c = self.components.sglang
+        return c.version if c else None
+
+    @property
+    def cuda_mm(self) -> tuple[int, int] | None:
+        if not self.cuda:
+            return None
+        parts = [*self.cuda.split("."), "0"]
+        return int(parts[0]), int(parts[1])
+
+
+# Keys handled by the loader itself, not part of the model.
