@@ -168,6 +168,17 @@ def test_parse_nvidia_smi() -> None:
     assert version_tuple("580.65.06") == (580, 65, 6)
 
 
+def test_gpu_runs_file_under_the_gpus_preflight_read() -> None:
+    from stackbuild.host.preflight import PreflightReport
+    from stackbuild.results.ledger import host_class_of
+
+    line = "{}, NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12.0, 580.65.06, 97887\n"
+    facts = PreflightReport((), tuple(parse_nvidia_smi("".join(line.format(i) for i in range(8))))).host_facts()
+    assert facts == {"gpu_model": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "gpu_count": "8",
+                     "driver": "580.65.06", "arch": "sm_120"}
+    assert host_class_of(facts) == "8x NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
+
+
 def test_parse_listening_ports() -> None:
     tcp = (
         "  sl  local_address rem_address   st tx_queue rx_queue\n"

@@ -113,6 +113,7 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
             st.detail = "; ".join(f"{c.name}: {c.detail}" for c in pf.checks)
             if not pf.ok:
                 raise PreflightFailed(remote.address, pf)
+            rep.host_facts = pf.host_facts()  # results group by the hardware they were measured on
         with rep.step("pull") as st:
             pulled = units.ensure_image(remote, req.image, req.pull_timeout_s)
             st.detail = "pulled" if pulled else "already on the host"
@@ -219,6 +220,8 @@ def _run_candidate(
 
     with rep.step("gate") as st, svc.endpoint(port) as url:
         result = svc.gate(url, req.profile, stack.label, baseline)
+        if rep.host_facts:
+            result = result.model_copy(update={"host": {**result.host, **rep.host_facts}})
         rep.verdict = verdict_of(result, first=baseline is None)
         rep.gate_json = result.model_dump_json()
         st.detail = f"{rep.verdict}" + (f": {'; '.join(result.reasons)[:300]}" if result.reasons else "")

@@ -38,6 +38,7 @@ class DeployReport:
     steps: list[Step] = field(default_factory=list)
     needs_recovery: bool = False  # the connection died: the host still has a pending marker
     gate_json: str | None = None
+    host_facts: dict[str, str] = field(default_factory=dict)  # GPU model/count, driver, arch (preflight)
     logs: str = ""  # journal + container logs of a failed candidate (tail)
     live: Callable[[str], None] | None = None  # told each step as it starts and ends
 

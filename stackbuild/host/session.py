@@ -280,12 +280,9 @@ def _recover_once(
 def _record(
     args: DeployArgs, rep: DeployReport, profile: GateProfile, digest: str, echo: Callable[[str], None]
 ) -> None:
-    try:
-        from stackbuild.results.ledger import Ledger, default_ledger_path
-        from stackbuild.results.writer import update_report
-    except ImportError as err:  # the deploy itself is done; the record is a by-product
-        echo(f"stackbuild: deploy not recorded: the ledger is unavailable ({err})")
-        return
+    from stackbuild.results.ledger import Ledger, default_ledger_path, host_class_of
+    from stackbuild.results.writer import update_report
+
     path = args.ledger or default_ledger_path(args.root or Path.cwd())
     path.parent.mkdir(parents=True, exist_ok=True)
     outcome = rep.outcome if rep.outcome in ("promoted", "rolled-back", "refused") else "failed"
@@ -305,8 +302,9 @@ def _record(
             downtime_s=rep.downtime_s,
             cause=rep.cause,
             fingerprint=profile.workload().fingerprint(),
+            host_class=host_class_of(rep.host_facts) if rep.host_facts else None,
         )
     try:
         echo(f"report: {update_report(path)}")
-    except (ImportError, StackbuildError) as err:
+    except StackbuildError as err:
         echo(f"stackbuild: ledger recorded; report not updated ({err})")
