@@ -227,3 +227,37 @@ def test_one_cache_dir_for_builds_and_sglang_tables(tmp_path: Path, monkeypatch:
     assert build.cache_dir is context.cache_dir is sglang.cache_dir is paths.cache_dir
     monkeypatch.setenv("STACKBUILD_CACHE_DIR", str(tmp_path / "mine"))
     assert paths.cache_dir() == tmp_path / "mine"
+
+
+def test_host_kernel_check_imports_the_kernels_on_the_hosts_gpus_only_for_gpu_stacks() -> None:
+    from stackbuild.spec.load import load_stack
+
+    argv = smoke.host_kernel_check_argv(load_stack("cuda13"), "r/x@sha256:ab")
+    assert argv is not None
+    assert argv[:10] == ["docker", "run", "--rm", "--network", "none", "--gpus", "all", "--entrypoint", "python3",
+                         "r/x@sha256:ab"]
+    assert argv[10:] == ["-c", smoke.versions_script([], ["torch", "sgl_kernel", "flashinfer", "sglang"])]
+    assert smoke.host_kernel_check_argv(load_stack("sim"), "r/x@sha256:ab") is None
+
+
+def test_kernel_check_failure_rejects_the_candidate_with_the_last_line() -> None:
+    from stackbuild.errors import GateFailed
+    from stackbuild.host import units
+    from stackbuild.host.ssh import RemoteResult
+
+    class Host:
+        address, dry_run = "h", False
+
+        def __init__(self, rc: int, err: str) -> None:
+            self.rc, self.err, self.seen = rc, err, []
+
+        def run(self, argv, *, check=True, timeout=None, what="", changes=True):  # type: ignore[no-untyped-def]
+            self.seen.append((list(argv), changes))
+            return RemoteResult("x", self.rc, "", self.err)
+
+    ok = Host(0, "")
+    assert units.kernel_check(ok, ["docker", "run"]) == "kernels import on the host's GPUs"  # type: ignore[arg-type]
+    assert ok.seen == [(["docker", "run"], False)]
+    bad = Host(1, "Traceback...\nImportError: libcuda.so.1: cannot open shared object file\n")
+    with pytest.raises(GateFailed, match=r"do not import on this host's GPUs: ImportError: libcuda.so.1"):
+        units.kernel_check(bad, ["docker", "run"])  # type: ignore[arg-type]

@@ -35,6 +35,7 @@ from stackbuild.host.state import (
     read_state,
     write_state,
 )
+from stackbuild.image.smoke import host_kernel_check_argv
 from stackbuild.spec.stack import Stack
 
 CHANNEL_TRIES = 3
@@ -124,6 +125,9 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
             text = svc.render_unit(stack, image=req.image, port=port, name=name, **env)
             staged = units.stage_and_verify(remote, paths.staging_dir, unit, text)
             st.detail = f"{unit} verified"
+        if (kernels := host_kernel_check_argv(stack, req.image)) is not None and not remote.dry_run:
+            with rep.step("kernel check") as st:
+                st.detail = units.kernel_check(remote, kernels)
     except ConnectionLost:
         raise
     except StackbuildError as err:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from stackbuild.errors import InfraError, InputError
+from stackbuild.errors import GateFailed, InfraError, InputError
 from stackbuild.host.ssh import Remote, sh_argv
 
 INSTALL_SCRIPT = (
@@ -178,3 +178,12 @@ def ensure_image(remote: Remote, image: str, timeout: float) -> bool:
             output=res.stdout + res.stderr,
         )
     return True
+
+
+def kernel_check(remote: Remote, argv: list[str], timeout: float = 600) -> str:
+    """Import the image's kernels on the host's GPUs; a failure rejects the candidate (exit 1)."""
+    res = remote.run(argv, check=False, timeout=timeout, what="kernel import check", changes=False)
+    if not res.ok:
+        last = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise GateFailed(f"the candidate's kernels do not import on this host's GPUs: {last[0][:300]}")
+    return "kernels import on the host's GPUs"

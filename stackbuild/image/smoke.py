@@ -51,6 +51,21 @@ def imports(stack: Stack, *, gpu: bool = False) -> list[str]:
     return [DISTS[name][1] for name, _ in stack.components.items()] if gpu else []
 
 
+def host_kernel_check_argv(stack: Stack, image: str) -> list[str] | None:
+    """What a deploy runs on the GPU host before it touches the incumbent (pure).
+
+    The kernels (sgl_kernel's common_ops needs libcuda.so.1, which only the NVIDIA
+    container runtime mounts) import only where a GPU runtime is, so the build
+    machine cannot check them; the host can, with no network and no server started.
+    None for a stack without GPUs.
+    """
+    if stack.server.engine != "sglang" or stack.runtime.gpus == "none":
+        return None
+    gpus = "all" if stack.runtime.gpus == "all" else f"count={stack.runtime.gpus}"
+    return ["docker", "run", "--rm", "--network", "none", "--gpus", gpus, "--entrypoint", "python3", image,
+            "-c", versions_script([], imports(stack, gpu=True))]
+
+
 # sglang's own parser, built the way prepare_server_args builds it (ServerArgs.add_cli_args), but
 # with prefix abbreviations off so `--tp` is refused as validate refuses it. Parsing imports
 # torch, not the kernels, and starts nothing.
