@@ -220,3 +220,13 @@ def testhost(testhost_factory: Callable[[], TestHost]) -> Iterator[TestHost]:
     h = testhost_factory()
     yield h
     h.remove()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The downtime figures the deploy tests measured this session (a report, not a test)."""
+    from test_deploy_support import FIGURES
+
+    if FIGURES:
+        terminalreporter.write_sep("-", "incumbent downtime measured by the deploy tests")
+        for fig in FIGURES:
+            terminalreporter.write_line(", ".join(f"{k}={v}" for k, v in fig.items()))

@@ -8,7 +8,6 @@ cause. Swap downtime is measured by a client and printed.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import time
@@ -343,12 +342,6 @@ def test_deploy_builds_and_pushes_when_no_image_is_given(project: Project) -> No
     assert isinstance(cur, dict)
     assert str(cur["image"]).startswith("127.0.0.1:5000/stackbuild-deploytest@sha256:")
     assert f"built {cur['image'].split('@')[0]}:simtest-" in out or "already" in out
-
-
-def test_zz_print_figures() -> None:
-    path = Path(os.environ.get("STACKBUILD_DEPLOY_FIGURES", "/tmp/stackbuild-deploy-figures.json"))
-    if path.exists():
-        print("\nswap downtime figures:\n" + path.read_text())
 
 
 def test_dead_peer_fails_in_seconds(project: Project) -> None:
