@@ -81,7 +81,7 @@ def test_users_numbers_give_the_users_conclusion(ledger: Ledger) -> None:
     ]
     md = render_markdown(build_report(ledger.gate_runs(), ledger.deploys()))
     assert "| baseline | Reference | **92.7** |  |" in md
-    assert ("| eagle3-topk1-v2 | FAILED | **86.8** | C=1: slower than the incumbent: ratio 0.936; vs reference: "
+    assert ("| eagle3-topk1-v2 | FAILED | **86.8** | C=1: slower than the incumbent: ratio 0.936; vs baseline: "
             "C=1 -6.4%, C=30 +10.1%, C=250 +5.1% |") in md
     assert "| eagle3-topk1-v2 | 86.8 (-6.4%, FAILED) | 759.3 (+10.1%, PASS) | 754.4 (+5.1%, PASS) |" in md
 
@@ -209,7 +209,16 @@ def test_results_table_says_why_under_a_per_level_policy(ledger: Ledger) -> None
     levels = tuple(lv.model_copy(update={"bar": bars[lv.concurrency], "verdict": "pass"}) for lv in res.levels)
     ledger.record_gate(res.model_copy(update={"levels": levels, "verdict": "pass", "reasons": ()}))
     md = render_markdown(build_report(ledger.gate_runs(), ledger.deploys()))
-    assert ("| eagle3-topk1-v2 | PASS | **86.8** | vs reference: C=1 -6.4% (allowed -8%: PASS), "
+    assert ("| eagle3-topk1-v2 | PASS | **86.8** | vs baseline: C=1 -6.4% (allowed -8%: PASS), "
             "C=30 +10.1% (must not lose: PASS), C=250 +5.1% (must not lose: PASS) |") in md
     assert ("| eagle3-topk1-v2 | 86.8 (-6.4%, allowed -8%: PASS) | 759.3 (+10.1%, must not lose: PASS) "
             "| 754.4 (+5.1%, must not lose: PASS) |") in md
+
+
+def test_notes_cut_at_a_word_and_never_inside_a_bracket() -> None:
+    from stackbuild.results.report import _clip
+
+    assert _clip("short cause\nsecond line") == "short cause"
+    cause = "candidate crashed on start (" + "x " * 100 + ")"
+    assert _clip(cause, 40) == "candidate crashed on start …"
+    assert _clip("a " * 30, 20) == "a a a a a a a a a a …"

@@ -111,17 +111,30 @@ def _row_for(rec: GateRecord, reference: str | None) -> Row:
         ratios = [f"C={lv.concurrency} {_pct(lv.ratio)}" + _policy(lv)
                   for lv in res.levels if lv.ratio is not None]
         if ratios:
-            notes.append("vs reference: " + ", ".join(ratios))
+            # the ratios are against the incumbent this gate ran against, named as such
+            notes.append(f"vs {res.baseline_name or 'its incumbent'}: " + ", ".join(ratios))
     return Row(res.name, status, low.median_output_tok_s if low else None, "; ".join(n for n in notes if n),
                res.finished_at, rec.id)
 
 
+def _clip(text: str, n: int = 160) -> str:
+    """The first line, cut at a word before `n` characters (never inside a bracket it opened)."""
+    line = text.splitlines()[0] if text else ""
+    if len(line) <= n:
+        return line
+    cut = line[:n].rsplit(" ", 1)[0]
+    for open_, close in ("()", "[]", "{}"):
+        if cut.count(open_) > cut.count(close):
+            cut = cut[: cut.rfind(open_)].rstrip()
+    return cut + " …"
+
+
 def _deploy_row(d: DeployRecord) -> Row:
-    status = "UNTESTED" if d.outcome == "refused" else "FAILED"
-    what = d.crash_signature or (d.cause or d.outcome).splitlines()[0]
+    status = {"refused": "UNTESTED", "promoted": "PROMOTED"}.get(d.outcome, "FAILED")
+    what = d.crash_signature or _clip(d.cause or d.outcome)
     note = f"deploy {d.outcome}: {what}"
     if d.crash_signature and d.cause:
-        note += f" ({d.cause.splitlines()[0][:120]})"
+        note += f" ({_clip(d.cause, 120)})"
     return Row(deploy_config(d), status, None, note, d.recorded_at, None)
 
 
