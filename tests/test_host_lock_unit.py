@@ -1,0 +1,101 @@
+"""HostLock against the in-memory FakeHost: exact commands, refusal, stale/ownerless breaking, release."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from builder.host.fake import FakeHost, UnknownCommand
+from builder.host.ssh import ConnectionLost, sh_argv
+from builder.host.state import (
+    ACQUIRE_SCRIPT,
+    BREAK_SCRIPT,
+    LOCK_AGE_SCRIPT,
+    RELEASE_SCRIPT,
+    HostLock,
+    HostPaths,
+    LockHeld,
+    LockOwner,
+)
+
+PATHS = HostPaths(state_dir="/var/lib/stackbuild", service="svc")
+LOCK = "/var/lib/stackbuild/svc/lock"
+ME = LockOwner(socket.gethostname(), os.getpid(), 1_700_000_000.0, "deploy", 1_700_000_900.0)
+
+
+# HostLock judges staleness by this machine's clock (time.time()), so owners are dated from it.
+def other(host: str = "other-host", until_in_s: float = 600.0) -> LockOwner:
+    now = time.time()
+    return LockOwner(host, 4242, now - 10, "deploy", now + until_in_s)
+
+
+def held_by(host: FakeHost, owner_json: str, age_s: float = 0.0) -> None:
+    host.dirs[PATHS.base] = host.now
+    host.dirs[LOCK] = host.now - age_s
+    host.files[f"{LOCK}/owner.json"] = owner_json
+
+
+def test_free_lock_taken_and_released_with_exact_commands() -> None:
+    host = FakeHost()
+    with HostLock(host, PATHS, ME, ttl_s=900) as lock:
+        assert host.files[f"{LOCK}/owner.json"] == ME.to_json()
+        assert lock.broke is None
+    assert host.commands == [
+        sh_argv(ACQUIRE_SCRIPT, LOCK, ME.to_json()),
+        sh_argv(RELEASE_SCRIPT, LOCK, ME.to_json()),
+    ]
+    assert LOCK not in host.dirs and f"{LOCK}/owner.json" not in host.files
+
+
+def test_live_owner_refused_and_nothing_changed() -> None:
+    host = FakeHost()
+    held_by(host, other().to_json())
+    before = (dict(host.files), dict(host.dirs))
+    with pytest.raises(LockHeld, match="another deploy holds the host lock"), HostLock(host, PATHS, ME, ttl_s=900):
+        pytest.fail("must not enter")
+    assert (host.files, host.dirs) == before
+    assert host.commands == [sh_argv(ACQUIRE_SCRIPT, LOCK, ME.to_json())]
+
+
+def test_expired_owner_broken_then_taken() -> None:
+    host = FakeHost()
+    stale = other(until_in_s=-1.0)
+    held_by(host, stale.to_json())
+    with HostLock(host, PATHS, ME, ttl_s=900) as lock:
+        assert lock.broke == stale
+        assert host.files[f"{LOCK}/owner.json"] == ME.to_json()
+    assert host.commands[0] == sh_argv(ACQUIRE_SCRIPT, LOCK, ME.to_json())
+    assert host.commands[1][:6] == sh_argv(BREAK_SCRIPT, LOCK, stale.to_json())
+    assert host.commands[1][6].isdigit() and len(host.commands[1]) == 7  # the break stamp
+    assert host.commands[2] == sh_argv(ACQUIRE_SCRIPT, LOCK, ME.to_json())
+    kept = [d for d in host.dirs if d.startswith(LOCK + ".stale.")]
+    assert len(kept) == 1 and host.files[f"{kept[0]}/owner.json"] == stale.to_json()
+
+
+def test_ownerless_lock_broken_only_when_old() -> None:
+    young = FakeHost()
+    held_by(young, "", age_s=5)
+    with pytest.raises(LockHeld, match="an owner still writing its name"), HostLock(young, PATHS, ME, ttl_s=900):
+        pass
+    assert young.commands == [sh_argv(ACQUIRE_SCRIPT, LOCK, ME.to_json()), sh_argv(LOCK_AGE_SCRIPT, LOCK)]
+
+    old = FakeHost()
+    held_by(old, "", age_s=120)
+    with HostLock(old, PATHS, ME, ttl_s=900) as lock:
+        assert lock.broke is not None and lock.broke.pid == 0
+    assert old.files.get(f"{LOCK}/owner.json") is None  # released
+
+
+def test_connection_lost_while_acquiring_propagates() -> None:
+    host = FakeHost()
+    host.drop_on(1)
+    with pytest.raises(ConnectionLost), HostLock(host, PATHS, ME, ttl_s=900):
+        pass
+
+
+def test_fake_rejects_commands_it_does_not_model() -> None:
+    with pytest.raises(UnknownCommand):
+        FakeHost().run(["systemctl", "frobnicate"])
