@@ -99,3 +99,16 @@ def test_connection_lost_while_acquiring_propagates() -> None:
 def test_fake_rejects_commands_it_does_not_model() -> None:
     with pytest.raises(UnknownCommand):
         FakeHost().run(["systemctl", "frobnicate"])
+
+
+def test_state_round_trips_through_the_fake_with_exact_commands() -> None:
+    from builder.host.state import HostState, read_state, render_state, write_state
+
+    host = FakeHost()
+    assert read_state(host, PATHS) == HostState(service="svc")  # no file yet: empty state
+    state = HostState(service="svc", last_verdict="pass", last_image="img@sha256:" + "a" * 64)
+    write_state(host, PATHS, state)
+    assert host.files[PATHS.state_file] == render_state(state)
+    assert read_state(host, PATHS) == state
+    read = sh_argv('[ ! -e "$1" ] || cat "$1"', PATHS.state_file)
+    assert host.commands == [read, ["mkdir", "-p", PATHS.base], ["<put>", PATHS.state_file, "0644"], read]

@@ -17,6 +17,9 @@ from builder.errors import InfraError
 from builder.host.ssh import ConnectionLost, RemoteResult, put_text_script, quote_argv
 from builder.host.state import ACQUIRE_SCRIPT, BREAK_SCRIPT, LOCK_AGE_SCRIPT, RELEASE_SCRIPT
 
+# read_state's script (state.py writes it inline): an absent file reads as empty.
+READ_IF_EXISTS_SCRIPT = '[ ! -e "$1" ] || cat "$1"'
+
 
 class UnknownCommand(AssertionError):
     """The fake was sent a command it does not model: extend the fake, do not skip it."""
@@ -114,6 +117,10 @@ class FakeHost:
             self.files[dst + f[len(src):]] = self.files.pop(f)
 
     def _interpret(self, args: list[str], cmd: str) -> RemoteResult:
+        if args[:2] == ["mkdir", "-p"] and len(args) > 2:
+            for d in args[2:]:
+                self._mkdirs(d)
+            return self._ok(cmd)
         if args[:2] == ["sh", "-c"] and len(args) >= 4 and args[3] == "sh":
             return self._script(args[2], args[4:], cmd)
         raise UnknownCommand(f"FakeHost does not model: {cmd}")
@@ -135,6 +142,9 @@ class FakeHost:
                 self._rmtree(d)
             self._mvtree(lock, f"{lock}.stale.{stamp}")
             return self._ok(cmd)
+        if script == READ_IF_EXISTS_SCRIPT:
+            (path,) = p
+            return self._ok(cmd, self.files.get(path, ""))
         if script == LOCK_AGE_SCRIPT:
             (lock,) = p
             if lock not in self.dirs:
