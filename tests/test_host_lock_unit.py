@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from builder.errors import InfraError
 from builder.host.fake import FakeHost, UnknownCommand
 from builder.host.ssh import ConnectionLost, sh_argv
 from builder.host.state import (
@@ -112,3 +113,31 @@ def test_state_round_trips_through_the_fake_with_exact_commands() -> None:
     assert read_state(host, PATHS) == state
     read = sh_argv('[ ! -e "$1" ] || cat "$1"', PATHS.state_file)
     assert host.commands == [read, ["mkdir", "-p", PATHS.base], ["<put>", PATHS.state_file, "0644"], read]
+
+
+def test_unit_install_start_stop_remove_against_the_fake() -> None:
+    from builder.host import units
+
+    host = FakeHost()
+    unit_path = PATHS.unit_path(PATHS.main_unit)
+    with pytest.raises(InfraError, match=r"start svc\.service"):
+        units.start(host, PATHS.main_unit)  # not installed: systemctl start fails, check=True raises
+    host.dirs["/srv"] = host.now
+    host.files["/srv/staged.service"] = "[Service]\n"
+    host.commands.clear()
+    units.install(host, "/srv/staged.service", unit_path)
+    units.start(host, PATHS.main_unit)
+    assert units.is_active(host, PATHS.main_unit)
+    units.stop(host, PATHS.main_unit)
+    assert not units.is_active(host, PATHS.main_unit)
+    units.remove(host, PATHS.main_unit, unit_path)
+    assert unit_path not in host.files and host.daemon_reloads == 2
+    assert host.commands == [
+        sh_argv(units.INSTALL_SCRIPT, "/srv/staged.service", unit_path),
+        ["systemctl", "reset-failed", "svc.service"],
+        ["systemctl", "start", "svc.service"],
+        ["systemctl", "is-active", "svc.service"],
+        ["systemctl", "stop", "svc.service"],
+        ["systemctl", "is-active", "svc.service"],
+        sh_argv(units.REMOVE_SCRIPT, "svc.service", unit_path),
+    ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from builder.errors import InfraError
 from builder.host.ssh import ConnectionLost, RemoteResult, put_text_script, quote_argv
 from builder.host.state import ACQUIRE_SCRIPT, BREAK_SCRIPT, LOCK_AGE_SCRIPT, RELEASE_SCRIPT
+from builder.host.units import INSTALL_SCRIPT, REMOVE_SCRIPT
 
 # read_state's script (state.py writes it inline): an absent file reads as empty.
 READ_IF_EXISTS_SCRIPT = '[ ! -e "$1" ] || cat "$1"'
@@ -44,6 +45,8 @@ class FakeHost:
     now: float = 1_700_000_000.0
     commands: list[list[str]] = field(default_factory=list)
     scripted: list[Scripted] = field(default_factory=list)
+    units: dict[str, str] = field(default_factory=dict)  # unit -> "active" | "inactive" | "failed"
+    daemon_reloads: int = 0
     drop_at: int | None = None  # 1-based index of the command on which the connection dies
     closed: bool = False
 
@@ -117,12 +120,33 @@ class FakeHost:
             self.files[dst + f[len(src):]] = self.files.pop(f)
 
     def _interpret(self, args: list[str], cmd: str) -> RemoteResult:
+        if args[0] == "systemctl" and len(args) == 3:
+            return self._systemctl(args[1], args[2], cmd)
         if args[:2] == ["mkdir", "-p"] and len(args) > 2:
             for d in args[2:]:
                 self._mkdirs(d)
             return self._ok(cmd)
         if args[:2] == ["sh", "-c"] and len(args) >= 4 and args[3] == "sh":
             return self._script(args[2], args[4:], cmd)
+        raise UnknownCommand(f"FakeHost does not model: {cmd}")
+
+    def _systemctl(self, verb: str, unit: str, cmd: str) -> RemoteResult:
+        known = posixpath.join("/etc/systemd/system", unit) in self.files
+        if verb == "is-active":
+            state = self.units.get(unit, "inactive")
+            return RemoteResult(cmd, 0 if state == "active" else 3, state + "\n", "")
+        if verb == "reset-failed":
+            if self.units.get(unit) == "failed":
+                self.units[unit] = "inactive"
+            return self._ok(cmd)
+        if verb == "stop":
+            self.units[unit] = "inactive" if self.units.get(unit) != "failed" else "failed"
+            return self._ok(cmd)
+        if verb == "start":
+            if not known:
+                return RemoteResult(cmd, 5, "", f"Failed to start {unit}: Unit {unit} not found.")
+            self.units[unit] = "active"
+            return self._ok(cmd)
         raise UnknownCommand(f"FakeHost does not model: {cmd}")
 
     def _script(self, script: str, p: list[str], cmd: str) -> RemoteResult:
@@ -141,6 +165,19 @@ class FakeHost:
             for d in [d for d in self.dirs if d.startswith(lock + ".stale.")]:
                 self._rmtree(d)
             self._mvtree(lock, f"{lock}.stale.{stamp}")
+            return self._ok(cmd)
+        if script == INSTALL_SCRIPT:
+            staged, dst = p
+            if staged not in self.files:
+                return RemoteResult(cmd, 1, "", f"install: cannot stat '{staged}'")
+            self.files[dst] = self.files[staged]
+            self.daemon_reloads += 1
+            return self._ok(cmd)
+        if script == REMOVE_SCRIPT:
+            unit, path = p
+            self.units.pop(unit, None)
+            if self.files.pop(path, None) is not None:
+                self.daemon_reloads += 1
             return self._ok(cmd)
         if script == READ_IF_EXISTS_SCRIPT:
             (path,) = p
