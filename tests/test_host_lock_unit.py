@@ -141,3 +141,19 @@ def test_unit_install_start_stop_remove_against_the_fake() -> None:
         ["systemctl", "is-active", "svc.service"],
         sh_argv(units.REMOVE_SCRIPT, "svc.service", unit_path),
     ]
+
+
+def test_ensure_image_pulls_once_and_a_failed_pull_changes_nothing() -> None:
+    from builder.host import units
+
+    img = "127.0.0.1:5000/svc@sha256:" + "b" * 64
+    host = FakeHost(registry={img})
+    assert units.ensure_image(host, img, timeout=60) is True
+    assert units.ensure_image(host, img, timeout=60) is False
+    inspect = ["docker", "image", "inspect", "--format", "{{.Id}}", img]
+    assert host.commands == [inspect, ["docker", "pull", "--quiet", img], inspect]
+
+    empty = FakeHost()
+    with pytest.raises(InfraError, match="cannot pull"):
+        units.ensure_image(empty, img, timeout=60)
+    assert empty.images == set()

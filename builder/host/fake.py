@@ -9,6 +9,7 @@ failure rather than a silent pass. Tests script failures per command with
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ class FakeHost:
     scripted: list[Scripted] = field(default_factory=list)
     units: dict[str, str] = field(default_factory=dict)  # unit -> "active" | "inactive" | "failed"
     daemon_reloads: int = 0
+    images: set[str] = field(default_factory=set)  # on the host
+    registry: set[str] = field(default_factory=set)  # pullable
     drop_at: int | None = None  # 1-based index of the command on which the connection dies
     closed: bool = False
 
@@ -122,6 +125,15 @@ class FakeHost:
     def _interpret(self, args: list[str], cmd: str) -> RemoteResult:
         if args[0] == "systemctl" and len(args) == 3:
             return self._systemctl(args[1], args[2], cmd)
+        if args[:5] == ["docker", "image", "inspect", "--format", "{{.Id}}"] and len(args) == 6:
+            if args[5] in self.images:
+                return self._ok(cmd, "sha256:" + hashlib.sha256(args[5].encode()).hexdigest() + "\n")
+            return RemoteResult(cmd, 1, "", f"Error: No such image: {args[5]}")
+        if args[:3] == ["docker", "pull", "--quiet"] and len(args) == 4:
+            if args[3] not in self.registry:
+                return RemoteResult(cmd, 1, "", f"Error response from daemon: manifest for {args[3]} not found")
+            self.images.add(args[3])
+            return self._ok(cmd, args[3] + "\n")
         if args[:2] == ["mkdir", "-p"] and len(args) > 2:
             for d in args[2:]:
                 self._mkdirs(d)
