@@ -38,7 +38,7 @@ pytestmark = pytest.mark.integration
 SWEEP = GateProfile(concurrency=(1, 2, 30, 250), input_len=32, output_len=128, runs=3, max_runs=6,
                     warmup=2, tolerance=0.02, requests_per_slot=4, min_requests=16,
                     timeout_s=60)
-SPEED = "40"
+SPEED = "20"  # at 40 a loaded 2-core machine cannot keep C=250 on the model: the verdict turned on CPU, not the model
 CAP = ("--max-running-requests", "256")
 
 
