@@ -6,13 +6,19 @@ uses) after resetting the simulator's ground-truth counters. Truth is
 GET /sim/stats: tokens written to clients / (last token write - first request
 arrival). Also prints the client's CPU seconds per 1000 streamed tokens.
 
-sglang's own client (python -m sglang.bench_serving, now sglang.benchmark.serving)
-cannot run here. Tried with sglang 0.5.23 installed --no-deps plus its client's
-imports (transformers, msgspec, orjson, ...) and the CPU build of torch: the client
-imports sglang.srt.disaggregation.utils, which pulls in the model config, the
-quantization layers and the communication kernels (triton, tvm_ffi, sgl-kernel),
-i.e. the whole CUDA server stack; and its random dataset needs a Hugging Face
-tokenizer download. `--raw` is the side-by-side client instead: a bare asyncio one.
+`--sglang-client [PYTHON]` puts SGLang's own client (python -m sglang.benchmark.serving,
+formerly sglang.bench_serving, sglang 0.5.23) side by side with the gate: same simulator,
+same workload (128-token random-ids prompts, the level's output length, ignore_eos,
+--max-concurrency C, --num-prompts = the gate's request count at C, no warm-up
+requests), one table. PYTHON is the venv that bench/sglang_client_venv.sh builds
+(default: the one under the user cache dir). Windows are defined the same way for both
+clients: the simulator's counters are reset just before each client's run, so each
+client's truth is the simulator's record of that client's own run (tokens written /
+(last token write - first request arrival)), and each client's figure is its own
+(output tokens / its own wall window). Client CPU is the client process's CPU seconds
+per 1000 streamed tokens over the run alone (the gate: run_once; SGLang's: its benchmark()
+coroutine); the SGLang client's whole-process CPU, most of it importing the server stack
+it pulls in, is printed apart.
 
 Last line: `gate_accuracy: max_error_pct=X cpu_s_per_1k_tokens=Y`.
 """
@@ -22,9 +28,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 from stackbuild.gate import loadgen
 from stackbuild.gate.result import Workload
@@ -44,8 +55,10 @@ def _get(url: str) -> dict[str, float]:
         return dict(json.load(r))
 
 
-def measure(url: str, concurrency: int, output_len: int, api: str) -> tuple[float, float, float]:
-    wl = Workload(api=api, input_len=128, output_len=output_len, warmup=0,  # type: ignore[arg-type]
+def measure(url: str, concurrency: int, output_len: int, api: str
+            ) -> tuple[float, float, float, float, float]:
+    """(error %, client cpu s, tokens, gate tok/s, truth tok/s) of one gate run."""
+    wl = Workload(api=api, input_len=128, output_len=output_len, warmup=0,
                   concurrency=(concurrency,), timeout_s=300)
     _post(url + "/sim/stats/reset")
     cpu0 = time.process_time()
@@ -60,7 +73,7 @@ def measure(url: str, concurrency: int, output_len: int, api: str) -> tuple[floa
     print(f"{api:12s} C={concurrency:4d}  gate {run.output_tok_s:8.1f} tok/s  truth "
           f"{true_rate:8.1f} tok/s  error {err:5.2f}%  client cpu {cpu_per_1k:.4f} s/1k tok  "
           f"({run.output_tokens} tokens in {run.duration_s:.2f}s)", flush=True)
-    return err, cpu, run.output_tokens
+    return err, cpu, run.output_tokens, run.output_tok_s, true_rate
 
 
 async def _raw_request(host: str, port: int, body: bytes) -> tuple[int, float]:
@@ -110,6 +123,92 @@ def measure_raw(url: str, concurrency: int, output_len: int) -> tuple[float, flo
     return err, cpu, tokens
 
 
+SGLANG_VENV = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+               / "stackbuild" / "sglang-client-venv")
+# Runs the client's own entry point with its benchmark() coroutine timed, so that its CPU
+# cost is that of the run alone (as the gate's is), not of importing the server stack the
+# client pulls in or of loading the tokenizer and making the prompts; those are printed apart.
+_WRAPPER = """import sys, time
+import sglang.benchmark.serving as m
+t0, spent, orig = time.process_time(), [0.0], m.benchmark
+async def timed(*a, **k):
+    t = time.process_time()
+    try:
+        return await orig(*a, **k)
+    finally:
+        spent[0] += time.process_time() - t
+m.benchmark = timed
+try:
+    m.cli_main()
+finally:
+    print(f"client_cpu import_s={t0:.3f} run_s={spent[0]:.3f} "
+          f"total_s={time.process_time():.3f}", file=sys.stderr)
+"""
+
+
+def sglang_argv(python: str, url: str, model: str, tokenizer: str, concurrency: int,
+                output_len: int, n: int, out_file: str) -> list[str]:
+    """SGLang's client on the gate's workload at one level: closed loop at C (--max-concurrency
+    with no request-rate cap), no warm-up requests, so its run is all the simulator sees."""
+    return [python, "-c", _WRAPPER, "--backend", "sglang-oai", "--base-url", url,
+            "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random-ids",
+            "--random-input-len", "128", "--random-output-len", str(output_len),
+            "--random-range-ratio", "1.0", "--num-prompts", str(n),
+            "--max-concurrency", str(concurrency), "--warmup-requests", "0",
+            "--disable-tqdm", "--output-file", out_file]
+
+
+def measure_sglang(python: str, url: str, concurrency: int, output_len: int
+                   ) -> tuple[float, float, float, float, float]:
+    """(error %, run cpu s, tokens, client tok/s, truth tok/s), and prints the import cost."""
+    n = loadgen.requests_per_run(Workload(concurrency=(concurrency,)), concurrency)
+    model = _get(url + "/v1/models")["data"][0]["id"]  # type: ignore[index]
+    tokenizer = str(Path(python).absolute().parent.parent / "tokenizer")
+    with tempfile.TemporaryDirectory(prefix="gate-accuracy-") as tmp:
+        out = os.path.join(tmp, "out.jsonl")
+        _post(url + "/sim/stats/reset")
+        proc = subprocess.run(sglang_argv(python, url, model, tokenizer, concurrency, output_len,
+                                          n, out), capture_output=True, text=True, timeout=900)
+        truth = _get(url + "/sim/stats")
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise SystemExit(f"sglang client failed (exit {proc.returncode}):\n"
+                             f"{proc.stderr[-3000:]}")
+        with open(out) as f:
+            res = json.loads(f.read().splitlines()[-1])
+    cpu = re.search(r"client_cpu import_s=([\d.]+) run_s=([\d.]+) total_s=([\d.]+)", proc.stderr)
+    assert cpu, proc.stderr[-2000:]
+    import_s, run_s, total_s = float(cpu[1]), float(cpu[2]), float(cpu[3])
+    tokens = int(res["total_output_tokens"])
+    assert res["completed"] == n, res
+    assert truth["output_tokens"] == tokens, (truth, tokens)
+    rate, true_rate = float(res["output_throughput"]), float(truth["output_tok_s"])
+    err = abs(rate - true_rate) / true_rate * 100
+    print(f"{'sglang-client':12s} C={concurrency:4d}  client {rate:8.1f} tok/s  truth "
+          f"{true_rate:8.1f} tok/s  error {err:5.2f}%  client cpu {run_s / (tokens / 1000):.4f} "
+          f"s/1k tok (process {total_s:.1f} s, {import_s:.1f} s of it imports)  "
+          f"({tokens} tokens in {res['duration']:.2f}s)",
+          flush=True)
+    return err, run_s, tokens, rate, true_rate
+
+
+Figures = tuple[float, float, float, float, float]
+
+
+def table(rows: list[tuple[int, Figures, Figures]]) -> None:
+    print("\n   C | truth(gate) |     gate  error  cpu s/1k | truth(sglang) |   sglang  error"
+          "  cpu s/1k")
+    for c, g, sg in rows:
+        print(f"{c:4d} | {g[4]:11.1f} | {g[3]:8.1f} {g[0]:5.2f}% {g[1] / (g[2] / 1000):9.4f} | "
+              f"{sg[4]:13.1f} | {sg[3]:8.1f} {sg[0]:5.2f}% {sg[1] / (sg[2] / 1000):9.4f}")
+
+
+def find_sglang_python(given: str) -> str:
+    python = given or str(SGLANG_VENV / "bin" / "python")
+    if not os.access(python, os.X_OK):
+        raise SystemExit(f"no sglang client at {python}: build it with bench/sglang_client_venv.sh")
+    return python
+
+
 # The users' sweep (seed-results.json "sweep"); topk4-v1 only has its plateau.
 USERS = {"baseline": (92.7, 689.4, 718.1), "eagle3-topk1-v2": (86.8, 759.3, 754.4),
          "eagle3-topk4-v1": (None, None, 353.0)}
@@ -143,19 +242,29 @@ def main() -> int:
     ap.add_argument("--api", choices=["completions", "generate", "both"], default="completions")
     ap.add_argument("--raw", action="store_true",
                     help="also measure a bare asyncio client (the alternative to aiohttp)")
+    ap.add_argument("--sglang-client", nargs="?", const="", default=None, metavar="PYTHON",
+                    help="also run SGLang's own bench_serving at each level, side by side "
+                         f"(PYTHON of the venv bench/sglang_client_venv.sh builds; default "
+                         f"{SGLANG_VENV}/bin/python)")
     ap.add_argument("--calibration", type=float, metavar="SPEED", default=None,
                     help="also print the profiles' C=1/30/250 figures over HTTP at this speed")
     args = ap.parse_args()
     apis = ["completions", "generate"] if args.api == "both" else [args.api]
+    sg_python = None if args.sglang_client is None else find_sglang_python(args.sglang_client)
     errors: list[float] = []
     cpu_total = tokens_total = 0.0
+    rows: list[tuple[int, Figures, Figures]] = []
     with sim("--speed", str(args.speed), "--profile", "baseline") as s:
         for api in apis:
             for c, out_len in LEVELS:
-                err, cpu, tokens = measure(s.url, c, out_len, api)
-                errors.append(err)
-                cpu_total += cpu
-                tokens_total += tokens
+                g = measure(s.url, c, out_len, api)
+                errors.append(g[0])
+                cpu_total += g[1]
+                tokens_total += g[2]
+                if sg_python and api == "completions":  # the sglang-oai backend's endpoint
+                    rows.append((c, g, measure_sglang(sg_python, s.url, c, out_len)))
+        if rows:
+            table(rows)
         if args.raw:
             for c, out_len in LEVELS:
                 measure_raw(s.url, c, out_len)

@@ -9,6 +9,7 @@ meta_info and are cross-checked against what was streamed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -202,6 +203,13 @@ def new_session(concurrency: int) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None))
 
 
+async def _preconnect(session: aiohttp.ClientSession, url: str) -> None:
+    """One keep-alive connection into the pool (a cheap GET); a failure shows in the run."""
+    with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+        async with session.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            await r.read()
+
+
 async def run_requests(
     url: str,
     wl: Workload,
@@ -223,8 +231,12 @@ async def run_requests(
                 if on_done:
                     on_done(rec)
 
+        workers = min(concurrency, len(prompts))
+        # Open the workers' connections before the clock starts: at C=256 connecting took
+        # ~0.07 s before the server saw a request, ~1% of the window charged to the server.
+        await asyncio.gather(*(_preconnect(session, url) for _ in range(workers)))
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
+        await asyncio.gather(*(worker() for _ in range(workers)))
         t1 = max((r.end for r in records), default=t0)
     return records, max(t1 - t0, 0.0)
 
