@@ -25,6 +25,7 @@ from test_deploy_support import (
     free_port,
     make_project,
     record_figure,
+    reported_downtime,
     sim_image,  # noqa: F401  (fixture)
 )
 
@@ -96,17 +97,10 @@ def test_good_candidate_promoted_over_incumbent(project: Project) -> None:
     st = p.state()
     assert st["previous"] == before["current"]
     assert "--seed 1" in p.unit_text()
-    report = _downtime(r.stdout)
+    report = reported_downtime(r.stdout)
     record_figure(scenario="swap promote", reported_s=report, client_s=round(client.downtime(), 3),
                   failed_requests=client.failed)
     assert report is not None and report > 0
-
-
-def _downtime(stdout: str) -> float | None:
-    for line in stdout.splitlines():
-        if line.strip().startswith("downtime:"):
-            return float(line.split()[1].rstrip("s"))
-    return None
 
 
 FAILURES = [
@@ -138,10 +132,10 @@ def test_failed_candidate_rolls_back(project: Project, strategy: str, variant: s
         assert client.failed == 0, f"side-by-side lost {client.failed} of {len(client.results)}"
         assert len(client.results) > 5
     else:
-        record_figure(scenario=f"swap {variant}", reported_s=_downtime(out),
+        record_figure(scenario=f"swap {variant}", reported_s=reported_downtime(out),
                       client_s=round(client.downtime(), 3), failed_requests=client.failed,
                       requests=len(client.results))
-        assert _downtime(out) is not None
+        assert reported_downtime(out) is not None
 
 
 def test_registry_unreachable_changes_nothing(project: Project) -> None:

@@ -18,6 +18,7 @@ from test_deploy_support import (
     deploy_host,  # noqa: F401  (fixture)
     make_project,
     record_figure,
+    reported_downtime,
     sim_image,  # noqa: F401  (fixture)
 )
 
@@ -48,13 +49,6 @@ def _restored(p: Project, before: object) -> None:
     assert p.host.sh(f"test -d /var/lib/stackbuild/{p.service}/lock").returncode != 0
 
 
-def _downtime(out: str) -> float | None:
-    for line in out.splitlines():
-        if line.strip().startswith("downtime:"):
-            return float(line.split()[1].rstrip("s"))
-    return None
-
-
 def test_stalled_candidate_fails_by_its_stall_timeout(project: Project) -> None:
     p = project
     before = p.state()["current"]
@@ -65,7 +59,7 @@ def test_stalled_candidate_fails_by_its_stall_timeout(project: Project) -> None:
     assert "stalled: no byte for 1s" in out and "outcome: rolled-back" in out
     assert "stackbuild: deploy: gate ..." in r.stderr  # steps are told as they happen
     _restored(p, before)
-    record_figure(scenario="swap stall-stream", reported_s=_downtime(out), client_s=round(client.downtime(), 3),
+    record_figure(scenario="swap stall-stream", reported_s=reported_downtime(out), client_s=round(client.downtime(), 3),
                   failed_requests=client.failed, requests=len(client.results))
 
 
@@ -89,4 +83,4 @@ def test_sigterm_mid_gate_restores_the_incumbent(project: Project) -> None:
     assert "interrupted by SIGTERM" in out and "outcome: rolled-back" in out
     assert "Traceback" not in out
     _restored(p, before)
-    record_figure(scenario="swap SIGTERM mid-gate", reported_s=_downtime(out))
+    record_figure(scenario="swap SIGTERM mid-gate", reported_s=reported_downtime(out))

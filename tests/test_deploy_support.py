@@ -298,6 +298,14 @@ def cleanup_project(p: Project) -> None:
 FIGURES: list[dict[str, object]] = []
 
 
+def reported_downtime(stdout: str) -> float | None:
+    """The incumbent downtime a deploy printed (`downtime: 1.06s in ...`), if it printed one."""
+    for line in stdout.splitlines():
+        if line.strip().startswith("downtime:"):
+            return float(line.split()[1].rstrip("s"))
+    return None
+
+
 def record_figure(**kw: object) -> None:
     FIGURES.append(kw)
     out = Path(os.environ.get("STACKBUILD_DEPLOY_FIGURES", "/tmp/stackbuild-deploy-figures.json"))
