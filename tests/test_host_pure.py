@@ -19,7 +19,6 @@ from stackbuild.host.preflight import (
     ulimit_checks,
     version_tuple,
 )
-from stackbuild.host.ready import parse_show
 from stackbuild.host.ssh import (
     HostAddress,
     known_hosts_name,
@@ -29,6 +28,7 @@ from stackbuild.host.ssh import (
     trust_hint,
 )
 from stackbuild.host.state import HostPaths, HostState, LockOwner, is_stale, parse_state
+from stackbuild.host.unit_probe import parse_show
 from stackbuild.host.units import env_file_text, verify_errors
 
 HOSTILE = ["a;touch /tmp/pwned", "$(id)", "`id`", "it's \"quoted\"", "two\nlines", "$HOME", ""]

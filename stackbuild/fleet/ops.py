@@ -8,7 +8,6 @@ read-only settings and the output lock.
 from __future__ import annotations
 
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -145,16 +144,18 @@ class RealOps:
         return DeployResult(rep.outcome, code, rep.verdict, rep.cause, medians, noise)
 
     def soak(self, host: str, seconds: float, interval_s: float) -> str | None:
-        from stackbuild.host.ready import generate_probe, http_status, parse_show
+        from stackbuild.effects import http
+        from stackbuild.effects.readiness import HttpProbe
         from stackbuild.host.session import Endpoint
+        from stackbuild.host.unit_probe import parse_show
 
         hs, paths = self.stack_of(host), self.paths(host)
         with self.remote(host) as r, Endpoint(r, parse_host(self.hosts[host].target), self.tunnel)(
                 hs.runtime.port) as url:
 
             def sample() -> Sample:
-                status = http_status(f"{url}/health_generate", timeout=20.0)
-                ok, detail = generate_probe(url)
+                status = http.status(f"{url}/health_generate", timeout=20.0)
+                ok, detail = HttpProbe(url).generate()
                 show = r.run(["systemctl", "show", paths.main_unit, "-p", "ActiveState", "-p", "SubState",
                               "-p", "NRestarts", "-p", "Result", "-p", "ExecMainStatus"],
                              check=False, what="unit state", changes=False)
@@ -168,14 +169,13 @@ class RealOps:
     def revert(self, host: str) -> str | None:
         from stackbuild.host import converge
         from stackbuild.host.outcome import DeployReport
-        from stackbuild.host.ready import Probes
         from stackbuild.host.session import Endpoint
 
         hs, paths = self.stack_of(host), self.paths(host)
         rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy="rollback")
         with self.remote(host) as r:
             conv = converge.converger_for(hs, Endpoint(r, parse_host(self.hosts[host].target), self.tunnel),
-                                          rep, Probes(), self.pull_timeout_s)
+                                          rep, self.pull_timeout_s)
             converge.rollback(r, paths, conv, lock_ttl_s=4 * 3600)
         self.say(host, ["reverted to the incumbent: " + (rep.cause or rep.outcome)])
         return None
@@ -186,10 +186,13 @@ class RealOps:
 
 
 def _metrics(url: str) -> dict[str, float]:
+    from stackbuild.effects import http
+
     try:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=10.0) as resp:
-            return parse_counters(resp.read().decode(errors="replace"))
-    except (OSError, ValueError):
-        return {}  # /metrics needs --enable-metrics on sglang: without it, watch the rest
+        reply = http.get(f"{url}/metrics", timeout=10.0)
+    except StackbuildError:
+        return {}
+    # /metrics needs --enable-metrics on sglang: without it, the soak watches the rest
+    return parse_counters(reply.body.decode(errors="replace")) if reply.status == 200 else {}
 
 

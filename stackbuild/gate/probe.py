@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
+from stackbuild.effects import http
 from stackbuild.errors import InfraError
-from stackbuild.gate.readiness import complete
 from stackbuild.gate.result import ProbeResult
 
 REPEAT_SHARE = 0.8  # one token making up this share of a long output is degenerate
@@ -53,7 +54,7 @@ def check_outputs(
 async def fetch_outputs(
     url: str, prompts: Sequence[str], max_tokens: int, *, model: str = "default"
 ) -> list[str]:
-    return [await complete(url, p, max_tokens, model=model) for p in prompts]
+    return [await asyncio.to_thread(http.complete, url, p, max_tokens, model=model) for p in prompts]
 
 
 async def run_probe(

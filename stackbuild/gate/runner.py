@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from stackbuild.effects import http
+from stackbuild.effects.readiness import HttpProbe, wait_ready
 from stackbuild.errors import InfraError, InputError
 from stackbuild.gate import checks, loadgen
 from stackbuild.gate.probe import run_probe
-from stackbuild.gate.readiness import get_json, port_open, wait_ready_async
 from stackbuild.gate.result import (
     AgreementResult,
     GateResult,
@@ -42,19 +43,20 @@ def _noop(kind: str, data: dict[str, Any]) -> None:
 
 async def _reachable(url: str, what: str, deadline_s: float) -> None:
     """Port open, /health 200 and one generation, else InfraError (exit 4) naming the layer."""
-    if not await port_open(url, timeout=3.0):
+    if not await asyncio.to_thread(http.port_open, url, 3.0):
         raise InfraError(f"{what} {url} is unreachable (connection refused or timed out); "
                          "start the server or fix --url")
-    try:
-        await wait_ready_async(url, deadline_s)
-    except InfraError as err:
-        raise InfraError(f"{what} does not serve: {err}") from None
+    ready = await asyncio.to_thread(wait_ready, HttpProbe(url), start_deadline_s=deadline_s)
+    if not ready.ok:
+        raise InfraError(f"{what} {url} does not serve: {ready.stage} failing ({ready.detail}); "
+                         "check the server's log")
 
 
 async def host_facts(url: str) -> dict[str, str]:
     try:
-        info = await get_json(url, "/server_info")
-    except (InfraError, OSError, ValueError):
+        reply = await asyncio.to_thread(http.get, url.rstrip("/") + "/server_info")
+        info = reply.json() if reply.status == 200 else None
+    except (InfraError, ValueError):
         return {}
     if not isinstance(info, dict):
         return {}

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
+from stackbuild.effects.readiness import HttpProbe, Pace, Probe, wait_ready
 from stackbuild.errors import InfraError, InputError
 from stackbuild.host import secrets, units
 from stackbuild.host.outcome import DeployReport
-from stackbuild.host.ready import Probes, wait_ready
 from stackbuild.host.ssh import Remote, sh_argv
 from stackbuild.host.state import (
     HostLock,
@@ -30,6 +30,7 @@ from stackbuild.host.state import (
     read_state,
     write_state,
 )
+from stackbuild.host.unit_probe import UnitProbe
 from stackbuild.spec.stack import Stack
 
 
@@ -39,7 +40,8 @@ class Converger:
     report: DeployReport
     start_timeout_s: float = 300.0
     ready_timeout_s: float = 300.0
-    probes: Probes = field(default_factory=Probes)
+    http_probe: Callable[[str], Probe] = HttpProbe
+    pace: Pace = field(default_factory=Pace)
     pull_timeout_s: float = 1800.0
     _down_since: float | None = None
 
@@ -57,13 +59,16 @@ def converger_for(
     stack: Stack,
     endpoint: Callable[[int], AbstractContextManager[str]],
     report: DeployReport,
-    probes: Probes,
     pull_timeout_s: float,
+    *,
+    http_probe: Callable[[str], Probe] = HttpProbe,
+    pace: Pace | None = None,
 ) -> Converger:
     return Converger(
         endpoint=endpoint,
         report=report,
-        probes=probes,
+        http_probe=http_probe,
+        pace=pace or Pace(),
         pull_timeout_s=pull_timeout_s,
         start_timeout_s=stack.runtime.start_timeout_s,
         ready_timeout_s=stack.runtime.ready_timeout_s,
@@ -98,13 +103,10 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
     if cur is not None and not remote.dry_run:
         with rep.step("verify serving") as st, conv.endpoint(cur.port) as url:
             ready = wait_ready(
-                remote,
-                paths.main_unit,
-                cur.port,
-                url,
+                UnitProbe(remote, paths.main_unit, cur.port, conv.http_probe(url)),
                 start_deadline_s=conv.start_timeout_s,
                 ready_deadline_s=conv.ready_timeout_s,
-                probes=conv.probes,
+                pace=conv.pace,
             )
             st.detail = f"{ready.stage}: {ready.detail}"
             if not ready.ok:

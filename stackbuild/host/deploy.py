@@ -13,6 +13,7 @@ preflight, lock held), with nothing changed unless the report says so.
 
 from __future__ import annotations
 
+from stackbuild.effects.readiness import Readiness, wait_ready
 from stackbuild.errors import EXIT_INFRA, StackbuildError
 from stackbuild.gate.result import GateResult
 from stackbuild.host import converge, secrets, units
@@ -20,7 +21,6 @@ from stackbuild.host.crash import classify
 from stackbuild.host.decide import incumbent_result, verdict_of
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.preflight import PreflightFailed, run_preflight
-from stackbuild.host.ready import Readiness, wait_ready
 from stackbuild.host.request import DeployRequest, Services
 from stackbuild.host.ssh import ConnectionLost, Remote
 from stackbuild.host.state import (
@@ -35,6 +35,7 @@ from stackbuild.host.state import (
     read_state,
     write_state,
 )
+from stackbuild.host.unit_probe import UnitProbe
 from stackbuild.image.smoke import host_kernel_check_argv
 from stackbuild.spec.stack import Stack
 
@@ -214,7 +215,7 @@ def _run_candidate(
             rep.crash_signature, rep.crash_line = sig.kind, sig.line
         what = {
             "crashed": "candidate crashed on start",
-            "generation": "candidate was ready but failed its first generation",
+            "generate": "candidate was ready but failed its first generation",
         }.get(ready.stage, "candidate never became ready")
         cause = f"{what}: {ready.detail}" + (f" [{sig.kind}: {sig.hint}]" if sig else "")
         _roll_back(remote, paths, state, conv, rep, cause, verdict="not-ready")
@@ -335,13 +336,10 @@ def _stage_secrets(remote: Remote, req: DeployRequest, paths: HostPaths, rep: De
 def _readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport) -> Readiness:
     with rep.step("ready") as st, svc.endpoint(port) as url:
         ready = wait_ready(
-            remote,
-            unit,
-            port,
-            url,
+            UnitProbe(remote, unit, port, svc.http_probe(url)),
             start_deadline_s=stack.runtime.start_timeout_s,
             ready_deadline_s=stack.runtime.ready_timeout_s,
-            probes=svc.probes,
+            pace=svc.pace,
         )
         st.detail = f"{ready.stage}: {ready.detail}"
     if not ready.ok:
@@ -377,7 +375,8 @@ def _roll_back(
 
 
 def _conv(req: DeployRequest, svc: Services, rep: DeployReport) -> converge.Converger:
-    return converge.converger_for(req.stack, svc.endpoint, rep, svc.probes, req.pull_timeout_s)
+    return converge.converger_for(req.stack, svc.endpoint, rep, req.pull_timeout_s, http_probe=svc.http_probe,
+                                  pace=svc.pace)
 
 
 def _dry_plan(

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
+from stackbuild.effects.readiness import HttpProbe, Pace, Probe
 from stackbuild.gate.result import GateResult
-from stackbuild.host.ready import Probes
 from stackbuild.spec.profile import GateProfile
 from stackbuild.spec.stack import Stack
 
@@ -40,7 +40,9 @@ class Services:
     gate: GateFn
     # base URL reaching the host's 127.0.0.1:PORT (direct on loopback, else an SSH tunnel)
     endpoint: Callable[[int], AbstractContextManager[str]]
-    probes: Probes = field(default_factory=Probes)
+    # the server's HTTP layers at a base URL (a fake in unit tests), and how often to poll them
+    http_probe: Callable[[str], Probe] = HttpProbe
+    pace: Pace = field(default_factory=Pace)
     promote_channel: Callable[[str], str] | None = None  # digest ref -> what moved
     # how the gate reaches the server ("direct" | "tunnel"): results measured one
     # way are not a baseline for the other (the tunnel costs throughput)

@@ -14,13 +14,11 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import socket
-import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 from stackbuild import __version__
+from stackbuild.effects.net import free_port
+from stackbuild.effects.readiness import HttpProbe, Pace, wait_ready
 from stackbuild.errors import InfraError
 from stackbuild.image import engine
 from stackbuild.render.stack import server_argv
@@ -209,8 +207,8 @@ def smoke_test(c: Any, image: str, stack: Stack, *, gpu: bool = False) -> list[s
     if stack.server.engine == "sim":  # an sglang image had its flags parsed by sglang's parser above
         _help_check(c, image, stack, problems, done)
     if stack.server.engine == "sim" and not problems:
-        _health(c, image, stack)
-        done.append("server answered /health")
+        _serves(c, image, stack)
+        done.append("server answered /health and generated")
     if problems:
         raise InfraError(f"smoke test of {image} failed: " + "; ".join(problems))
     return done
@@ -263,27 +261,19 @@ def _help_check(c: Any, image: str, stack: Stack, problems: list[str], done: lis
         done.append(f"{len(spec_flags(stack))} server flags accepted")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _health(c: Any, image: str, stack: Stack) -> None:
-    port = _free_port()
+def _serves(c: Any, image: str, stack: Stack) -> None:
+    port = free_port()
     timeout = min(stack.runtime.ready_timeout_s, 120)
     with engine.running(c, image, server_argv(stack, port=port)) as ctr:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+
+        def exited() -> str | None:
             ctr.reload()
-            if ctr.status == "exited":
-                logs = ctr.logs().decode(errors="replace").strip()[-300:]
-                raise InfraError(f"smoke test of {image} failed: the server exited before /health: {logs}")
-            time.sleep(0.3)
-        raise InfraError(f"smoke test of {image} failed: /health not 200 within {timeout}s on port {port}")
+            if ctr.status != "exited":
+                return None
+            logs: bytes = ctr.logs()
+            return "the server exited: " + logs.decode(errors="replace").strip()[-300:]
+
+        ready = wait_ready(HttpProbe(f"http://127.0.0.1:{port}", gone=exited), start_deadline_s=timeout,
+                           pace=Pace(interval_s=0.3))
+    if not ready.ok:
+        raise InfraError(f"smoke test of {image} failed: {ready.stage} failing on port {port} ({ready.detail})")

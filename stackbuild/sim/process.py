@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 from stackbuild.effects.net import free_port
-from stackbuild.gate.readiness import wait_ready
+from stackbuild.effects.readiness import HttpProbe, Pace, wait_ready
 
 
 class SimProc:
@@ -41,8 +41,14 @@ class SimProc:
         raise RuntimeError(f"sim did not listen within {timeout}s: {self.output()}")
 
     def wait_up(self, timeout: float = 15.0) -> SimProc:
-        wait_ready(self.url, timeout)
+        ready = wait_ready(HttpProbe(self.url, gone=self._exited), start_deadline_s=timeout, pace=Pace(interval_s=0.05))
+        if not ready.ok:
+            raise RuntimeError(f"sim not ready ({ready.stage}: {ready.detail}): {self.output()}")
         return self
+
+    def _exited(self) -> str | None:
+        code = self.proc.poll()
+        return None if code is None else f"sim exited {code}"
 
     def output(self) -> str:
         with open(self.log.name, encoding="utf-8", errors="replace") as f:
@@ -71,3 +77,4 @@ def sim(*args: str, up: bool = True, warmup_s: float = 0.2) -> Iterator[SimProc]
         yield s
     finally:
         s.stop()
+

@@ -1,0 +1,92 @@
+"""The one owner of control-plane HTTP: single requests to a server, a registry or an index.
+
+Blocking and small (urllib): health checks, one generation, a registry's API, a
+JSON document. The gate's concurrent streaming load is the other kind of HTTP
+and lives with the gate (aiohttp, gate/loadgen.py), which needs an event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from stackbuild.errors import InfraError
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+    def json(self) -> Any:
+        return json.loads(self.body.decode("utf-8", errors="replace"))
+
+
+def host_port(url: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InfraError(f"{url}: not an http URL; use http://HOST:PORT")
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def port_open(url: str, timeout: float = 1.0) -> bool:
+    """A TCP connection to the URL's host and port succeeds."""
+    try:
+        with socket.create_connection(host_port(url), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def request(
+    method: str,
+    url: str,
+    *,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> Reply:
+    """Any answer, error statuses included, as a Reply; no answer at all is an InfraError."""
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return Reply(int(resp.status), resp.read(), dict(resp.headers.items()))
+    except urllib.error.HTTPError as err:
+        return Reply(int(err.code), err.read() or b"", dict(err.headers.items()) if err.headers else {})
+    except (OSError, ValueError) as err:  # refused, reset, timed out, bad URL
+        raise InfraError(f"{method} {url}: no answer ({type(err).__name__}: {err})") from None
+
+
+def get(url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None) -> Reply:
+    return request("GET", url, timeout=timeout, headers=headers)
+
+
+def post_json(url: str, doc: Any, *, timeout: float = 60.0) -> Reply:
+    return request("POST", url, body=json.dumps(doc).encode(), headers={"Content-Type": "application/json"},
+                   timeout=timeout)
+
+
+def status(url: str, *, timeout: float = 3.0) -> int | None:
+    """The HTTP status of a GET, or None when nothing answered."""
+    try:
+        return get(url, timeout=timeout).status
+    except InfraError:
+        return None
+
+
+def complete(url: str, prompt: str, max_tokens: int, *, model: str = "default", timeout: float = 60.0) -> str:
+    """One greedy, non-streamed OpenAI /v1/completions call; its text, or InfraError."""
+    doc = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+    reply = post_json(url.rstrip("/") + "/v1/completions", doc, timeout=timeout)
+    if reply.status != 200:
+        raise InfraError(f"POST {url}/v1/completions: HTTP {reply.status}: {reply.body[:200]!r}")
+    try:
+        return str(reply.json()["choices"][0]["text"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise InfraError(f"POST {url}/v1/completions: unexpected answer {reply.body[:200]!r}") from None
