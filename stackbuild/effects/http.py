@@ -12,6 +12,7 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from stackbuild.errors import InfraError
 class Reply:
     status: int
     body: bytes
-    headers: dict[str, str]
+    headers: dict[str, str]  # names lower-cased
 
     def json(self) -> Any:
         return json.loads(self.body.decode("utf-8", errors="replace"))
@@ -56,11 +57,15 @@ def request(
     req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return Reply(int(resp.status), resp.read(), dict(resp.headers.items()))
+            return Reply(int(resp.status), resp.read(), _lower(resp.headers.items()))
     except urllib.error.HTTPError as err:
-        return Reply(int(err.code), err.read() or b"", dict(err.headers.items()) if err.headers else {})
+        return Reply(int(err.code), err.read() or b"", _lower(err.headers.items()) if err.headers else {})
     except (OSError, ValueError) as err:  # refused, reset, timed out, bad URL
         raise InfraError(f"{method} {url}: no answer ({type(err).__name__}: {err})") from None
+
+
+def _lower(items: Iterable[tuple[str, str]]) -> dict[str, str]:
+    return {k.lower(): v for k, v in items}
 
 
 def get(url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None) -> Reply:

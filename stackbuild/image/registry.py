@@ -11,10 +11,9 @@ from __future__ import annotations
 import base64
 import os
 import re
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
+from stackbuild.effects import http
 from stackbuild.errors import InfraError, InputError
 
 MANIFEST_TYPES = (
@@ -94,15 +93,11 @@ def _request(
     user, pw = os.environ.get("STACKBUILD_REGISTRY_USER"), os.environ.get("STACKBUILD_REGISTRY_PASSWORD")
     if user and pw:
         hdrs["Authorization"] = "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
-    req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
-    except urllib.error.HTTPError as err:
-        return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
-    except (urllib.error.URLError, OSError) as err:
-        reason = getattr(err, "reason", err)
-        raise InfraError(f"registry {url.split('/v2/')[0]} unreachable ({reason}); is it running?") from err
+        reply = http.request(method, url, body=data, headers=hdrs, timeout=timeout)
+    except InfraError as err:
+        raise InfraError(f"registry {url.split('/v2/')[0]} unreachable ({err}); is it running?") from None
+    return reply.status, reply.headers, reply.body
 
 
 def ping(host: str) -> None:
