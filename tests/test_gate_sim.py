@@ -147,21 +147,21 @@ def test_generate_api_measures_what_completions_measures() -> None:
 
 
 def test_users_policy_passes_topk1_v2_and_fails_topk4_v1() -> None:
-    """The sim stack's gate profile holds the users' policy (C=1 may lose 8%, C>=2 must not
-    lose). By the model topk1-v2 is 6.5% slower at C=1 and 55% faster at C=8; topk4-v1 is
-    38% slower at C=8 (tests/test_gate_policy.py checks those margins without a clock)."""
+    """The sim stack's gate profile holds the users' policy (C>=2 must not lose) over real HTTP.
+    By the model topk1-v2 is 55% faster at C=8 and topk4-v1 38% slower: verdicts no loaded
+    machine can flip. C=1 (6.5% slower against a bar of 8%, 1.5 points of margin) is decided
+    from the model in tests/test_gate_policy.py, not from a clock here."""
     prof = load_stack("sim", root=Path(__file__).resolve().parents[1]).gate.profiles["quick"]
+    # the policy is the point; with margins this wide three short runs a side decide it
+    c8 = prof.with_overrides(concurrency=(8,), output_len=128, runs=3, max_runs=3, warmup=1)
     cap = ("--max-running-requests", "256")
     with sim("--speed", "20") as inc, \
             sim("--speed", "20", "--profile", "eagle3-topk1-v2", *cap) as k1, \
             sim("--speed", "20", "--profile", "eagle3-topk4-v1", *cap) as k4:
-        good = run_gate(k1.url, prof, name="eagle3-topk1-v2", baseline_url=inc.url)
-        bad = run_gate(k4.url, prof.with_overrides(concurrency=(8,)), name="eagle3-topk4-v1",
-                       baseline_url=inc.url)
+        good = run_gate(k1.url, c8, name="eagle3-topk1-v2", baseline_url=inc.url)
+        bad = run_gate(k4.url, c8, name="eagle3-topk4-v1", baseline_url=inc.url)
     assert good.verdict == "pass", good.reasons
-    c1, c8 = good.levels
-    assert c1.explanation.endswith("allowed -8%: pass") and 0.92 <= (c1.ci_low or 0) <= (c1.ratio or 0) < 1
-    assert c8.explanation.endswith("must not lose: pass")
+    assert good.levels[0].explanation.endswith("must not lose: pass")
     assert bad.verdict == "fail" and bad.levels[0].explanation.endswith("must not lose: fail")
 
 
