@@ -117,7 +117,7 @@ def test_unreachable_or_never_ready_server_exits_4(capsys: pytest.CaptureFixture
     with sim("--fault", "never-ready", up=False) as s:
         rc = main(["gate", "--url", s.url, *SMALL, "--ready-timeout", "1"])
     assert rc == 4
-    assert "layer 'health'" in capsys.readouterr().err
+    assert "does not serve: health failing" in capsys.readouterr().err
 
 
 def test_stall_stream_times_out_as_failed(tmp_path: Path) -> None:

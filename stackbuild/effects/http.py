@@ -29,6 +29,14 @@ class Reply:
         return json.loads(self.body.decode("utf-8", errors="replace"))
 
 
+class NoAnswer(InfraError):
+    """Nothing answered at all (refused, reset, timed out): not an HTTP status."""
+
+    def __init__(self, method: str, url: str, reason: str) -> None:
+        super().__init__(f"{method} {url}: no answer ({reason})")
+        self.reason = reason
+
+
 def host_port(url: str) -> tuple[str, int]:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -61,7 +69,7 @@ def request(
     except urllib.error.HTTPError as err:
         return Reply(int(err.code), err.read() or b"", _lower(err.headers.items()) if err.headers else {})
     except (OSError, ValueError) as err:  # refused, reset, timed out, bad URL
-        raise InfraError(f"{method} {url}: no answer ({type(err).__name__}: {err})") from None
+        raise NoAnswer(method, url, str(getattr(err, "reason", err))) from None
 
 
 def _lower(items: Iterable[tuple[str, str]]) -> dict[str, str]:

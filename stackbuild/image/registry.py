@@ -95,8 +95,8 @@ def _request(
         hdrs["Authorization"] = "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
     try:
         reply = http.request(method, url, body=data, headers=hdrs, timeout=timeout)
-    except InfraError as err:
-        raise InfraError(f"registry {url.split('/v2/')[0]} unreachable ({err}); is it running?") from None
+    except http.NoAnswer as err:
+        raise InfraError(f"registry {url.split('/v2/')[0]} unreachable ({err.reason}); is it running?") from None
     return reply.status, reply.headers, reply.body
 
 
