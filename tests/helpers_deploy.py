@@ -63,6 +63,7 @@ class GateCall:
     baseline: str | None  # the baseline's name
     served_by: str | None  # the image serving the URL's port when the gate ran
     units: dict[str, str]  # every unit's ActiveState then
+    running: dict[str, tuple[str, int, float, dict[str, str]]]  # unit -> image, port, started at, env
 
 
 @dataclass
@@ -81,7 +82,8 @@ class FakeGate:
     def __call__(self, url: str, prof: GateProfile, name: str, baseline: GateResult | None) -> GateResult:
         image = self.host.serving(int(url.rsplit(":", 1)[1]))
         units = {u: s.active for u, s in sorted(self.host.units.items())}
-        self.calls.append(GateCall(url, name, baseline.name if baseline else None, image, units))
+        running = {u: (p.image, p.port, p.started_at, dict(p.env)) for u, p in sorted(self.host.running.items())}
+        self.calls.append(GateCall(url, name, baseline.name if baseline else None, image, units, running))
         if self.raises is not None:
             raise self.raises
         v = self.verdicts.get(image or "", "pass")
@@ -128,13 +130,25 @@ def run(host: FakeHost, strategy: str = "swap", image: str = CANDIDATE, gate: Fa
     return deploy(host, request(strategy, image, secrets), services(host, gate, **kw))
 
 
-def with_incumbent(**servers: Behaviour) -> FakeHost:
-    """A host where the flow itself promoted INCUMBENT (swap, first deploy); commands cleared."""
+def with_incumbent(env: str | None = None, **servers: Behaviour) -> FakeHost:
+    """A host where the flow itself promoted INCUMBENT (swap, first deploy); commands cleared.
+
+    `env`: the operator's secrets file, there before anything was deployed (mode 0600).
+    """
     host = fake_host(**servers)
+    if env is not None:
+        host.dirs["/etc/stackbuild"] = host.now
+        host.files[ENV], host.modes[ENV] = env, 0o600
     rep = run(host, image=INCUMBENT)
     assert (rep.outcome, rep.exit_code) == ("promoted", 0), rep.render()
     host.commands.clear()
+    host.sleep(100.0)  # the incumbent has served a while
     return host
+
+
+def unit_text(image: str, port: int = PORT, name: str = SVC, env_file: str | None = None) -> str:
+    """The unit the flow renders (the real renderer)."""
+    return render_unit(sim_stack(), image=image, port=port, name=name, env_file=env_file)
 
 
 def steps(rep: DeployReport) -> list[tuple[str, bool]]:
