@@ -114,9 +114,9 @@ def fake_host(**servers: Behaviour) -> FakeHost:
 
 
 def services(host: FakeHost, gate: FakeGate | None = None, **kw: Any) -> Services:
+    kw = {"echo": lambda _: None, "sleep": Sleeps(host), **kw}
     return Services(render_unit=render_unit, gate=gate or FakeGate(host), endpoint=host.endpoint,
-                    http_probe=host.http_probe, pace=host.pace(0.5), echo=lambda _: None, sleep=Sleeps(host),
-                    **kw)
+                    http_probe=host.http_probe, pace=host.pace(0.5), **kw)
 
 
 def request(strategy: str = "swap", image: str = CANDIDATE, secrets: dict[str, str] | None = None,
