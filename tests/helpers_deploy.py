@@ -44,8 +44,8 @@ def sim_stack() -> Stack:
     return load_stack("sim", root=ROOT)
 
 
-def profile() -> GateProfile:
-    return sim_stack().gate.profiles["quick"]
+def profile(stack: Stack | None = None) -> GateProfile:
+    return (stack or sim_stack()).gate.profiles["quick"]
 
 
 def gate_result(verdict: str, bars: tuple[str, ...] = (), probe_ok: bool = True, *, name: str = "c",
@@ -122,12 +122,12 @@ def services(host: FakeHost, gate: FakeGate | None = None, **kw: Any) -> Service
 def request(strategy: str = "swap", image: str = CANDIDATE, secrets: dict[str, str] | None = None,
             stack: Stack | None = None) -> DeployRequest:
     return DeployRequest(stack=stack or sim_stack(), image=image, digest=image.split("@")[1], strategy=strategy,
-                         profile=profile(), secrets=secrets or {})
+                         profile=profile(stack), secrets=secrets or {})
 
 
 def run(host: FakeHost, strategy: str = "swap", image: str = CANDIDATE, gate: FakeGate | None = None,
-        secrets: dict[str, str] | None = None, **kw: Any) -> DeployReport:
-    return deploy(host, request(strategy, image, secrets), services(host, gate, **kw))
+        secrets: dict[str, str] | None = None, stack: Stack | None = None, **kw: Any) -> DeployReport:
+    return deploy(host, request(strategy, image, secrets, stack), services(host, gate, **kw))
 
 
 def with_incumbent(env: str | None = None, **servers: Behaviour) -> FakeHost:

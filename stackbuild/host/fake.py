@@ -83,6 +83,8 @@ class FakeHost(FakeSystemd):
             if self.gpus_csv is None:
                 return RemoteResult(cmd, 127, "", "bash: line 1: nvidia-smi: command not found")
             return self._ok(cmd, self.gpus_csv)
+        if args[:5] == ["docker", "run", "--rm", "--network", "none"] and args[5:9:2] == ["--gpus", "--entrypoint"]:
+            return self._kernel_check(args, cmd)
         if args[:2] == ["df", "-Pk"] and len(args) == 3:
             if args[2] != self.docker_root:
                 return RemoteResult(cmd, 1, "", f"df: {args[2]}: No such file or directory")
@@ -90,6 +92,22 @@ class FakeHost(FakeSystemd):
             return self._ok(cmd, "Filesystem     1024-blocks      Used Available Capacity Mounted on\n"
                                  f"/dev/nvme0n1p2 {used + self.free_kib} {used} {self.free_kib} 20% /\n")
         return super()._interpret(args, cmd)
+
+    def _kernel_check(self, args: list[str], cmd: str) -> RemoteResult:
+        """image.smoke.host_kernel_check_argv: the image's kernels imported on the host's GPUs."""
+        if len(args) != 12 or args[8] != "python3" or args[10] != "-c":
+            raise UnknownCommand(f"FakeHost does not model: {cmd}")
+        image = args[9]
+        if image not in self.images:
+            return RemoteResult(cmd, 125, "", f"docker: Error response from daemon: No such image: {image}")
+        if '"nvidia"' not in self.runtimes and not self.cdi_nvidia:
+            return RemoteResult(cmd, 125, "", "docker: Error response from daemon: could not select device driver "
+                                "\"\" with capabilities: [[gpu]].")
+        if image not in self.servers:
+            raise UnknownCommand(f"no Behaviour scripted for image {image} (FakeHost.servers)")
+        err = self.servers[image].kernel_error
+        return RemoteResult(cmd, 1, "", f"Traceback (most recent call last):\n{err}\n") if err else \
+            self._ok(cmd, '{"sgl_kernel": "ok"}\n')
 
     def _script(self, script: str, p: list[str], cmd: str) -> RemoteResult:
         if script == ACQUIRE_SCRIPT:

@@ -34,6 +34,7 @@ class Behaviour:
     failing_generations: int = 0  # the first N generations answer HTTP 500
     generation_error: str = "CUDA error: an illegal memory access was encountered"
     output: tuple[str, ...] = ("server: loading weights",)
+    kernel_error: str | None = None  # the deploy's kernel import check fails with this (GPU stacks)
 
 
 SERVES = Behaviour()
