@@ -320,10 +320,10 @@ class FakeSystemd(FakeRemote):
             return self._ok(cmd, f"{show}---\n{self.socket_table()}")
         if script == LOGS_SCRIPT:
             unit, container, since = p
-            out = [f"== journalctl -u {unit}", *(ln for t, ln in self.journal.get(unit, []) if t >= int(since))][-401:]
+            out = [f"== journalctl -u {unit}", *[ln for t, ln in self.journal.get(unit, []) if t >= int(since)][-400:]]
             proc = next((q for q in self.running.values() if q.container == container), None)
             if proc is not None:  # docker inspect finds it only while it runs (--rm)
-                out += [f"== docker logs {container}", *(ln for t, ln in proc.logs if t >= int(since))]
+                out += [f"== docker logs {container}", *[ln for t, ln in proc.logs if t >= int(since)][-400:]]
             return self._ok(cmd, "\n".join(out) + "\n")
         return super()._script(script, p, cmd)
 
