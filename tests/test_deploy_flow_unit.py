@@ -152,6 +152,7 @@ def test_side_by_side_gates_on_the_staging_port_then_switches_in_one_transaction
         ["systemctl", "reset-failed", f"stackbuild-switch-{SVC}.service"],
         ["systemctl", "start", f"stackbuild-switch-{SVC}.service"],
     ]
+    assert [c for c in host.commands[:switch] if MAIN in c] == [["systemctl", "is-active", MAIN]]  # only looked at
     assert host.state_of(f"stackbuild-switch-{SVC}.service") == "inactive"  # the transaction ran to its end
     # after: the main unit (operator's env file) runs the candidate; the candidate unit and its copy are gone
     assert set(host.running) == {MAIN} and host.running[MAIN].image == CANDIDATE
