@@ -161,3 +161,18 @@ def test_ensure_image_pulls_once_and_a_failed_pull_changes_nothing() -> None:
     with pytest.raises(InfraError, match="cannot pull"):
         units.ensure_image(empty, img, timeout=60)
     assert empty.images == set()
+
+
+def test_broken_locks_do_not_pile_up_and_status_shows_an_ownerless_one() -> None:
+    from stackbuild.host.converge import status
+
+    host = FakeHost()
+    host.dirs[LOCK + ".stale.1"] = host.now - 3600  # the one an earlier break kept
+    host.files[LOCK + ".stale.1/owner.json"] = ""
+    held_by(host, "", age_s=120)
+    assert "LOCKED: an owner that wrote no name" in status(host, PATHS).render(host.address)
+    with HostLock(host, PATHS, ME, ttl_s=900) as lock:
+        assert lock.broke is not None and lock.broke.what == "a lock with no owner written"
+    kept = [d for d in host.dirs if d.startswith(LOCK + ".stale.")]
+    assert len(kept) == 1 and kept[0] != LOCK + ".stale.1" and LOCK + ".stale.1/owner.json" not in host.files
+    assert "LOCKED" not in status(host, PATHS).render(host.address)
