@@ -175,3 +175,26 @@ def test_candidate_unit_text_is_the_staging_render() -> None:
 
     rep = run(host, "side-by-side", gate=check)  # type: ignore[arg-type]
     assert rep.exit_code == 0 and len(gate.calls) == 1
+
+
+def test_without_a_stored_result_the_incumbent_is_measured_first_and_kept() -> None:
+    host = with_incumbent()
+    cur = state(host).current
+    assert cur is not None
+    del host.files[PATHS.result_file(cur.key)]
+    gate = FakeGate(host)
+    rep = run(host, gate=gate)
+    assert rep.exit_code == 0
+    assert rep.steps[5].detail == f"measured the incumbent now (fingerprint {profile().workload().fingerprint()})"
+    # measured while it still served, before anything was stopped; then the candidate against it
+    assert [(c.served_by, c.name, c.baseline) for c in gate.calls] == [
+        (INCUMBENT, "incumbent sim", None), (CANDIDATE, "sim", "incumbent sim")]
+    assert GateResult.model_validate_json(host.files[PATHS.result_file(cur.key)]).name == "incumbent sim"
+
+
+def test_a_result_measured_through_another_path_is_not_a_baseline() -> None:
+    host = with_incumbent()
+    gate = FakeGate(host)
+    rep = run(host, gate=gate, access="tunnel")  # the stored one was measured direct
+    assert rep.steps[5].detail.startswith("measured the incumbent now")
+    assert [c.served_by for c in gate.calls] == [INCUMBENT, CANDIDATE]
