@@ -9,7 +9,7 @@ import time
 import pytest
 
 from stackbuild.errors import InfraError
-from stackbuild.host.fake import FakeHost, UnknownCommand
+from stackbuild.host.fake import SERVES, FakeHost, UnknownCommand
 from stackbuild.host.ssh import ConnectionLost, sh_argv
 from stackbuild.host.state import (
     ACQUIRE_SCRIPT,
@@ -118,12 +118,16 @@ def test_state_round_trips_through_the_fake_with_exact_commands() -> None:
 def test_unit_install_start_stop_remove_against_the_fake() -> None:
     from stackbuild.host import units
 
-    host = FakeHost()
+    img = "127.0.0.1:5000/svc@sha256:" + "c" * 64
+    host = FakeHost(images={img}, servers={img: SERVES})
     unit_path = PATHS.unit_path(PATHS.main_unit)
     with pytest.raises(InfraError, match=r"start svc\.service"):
         units.start(host, PATHS.main_unit)  # not installed: systemctl start fails, check=True raises
     host.dirs["/srv"] = host.now
-    host.files["/srv/staged.service"] = "[Service]\n"
+    host.files["/srv/staged.service"] = (
+        "[Service]\nExecStart=/usr/bin/docker run --rm --name svc --network host "
+        f"--label dev.stackbuild.unit=svc {img} stackbuild sim --port 31000\n"
+    )
     host.commands.clear()
     units.install(host, "/srv/staged.service", unit_path)
     units.start(host, PATHS.main_unit)
@@ -157,3 +161,18 @@ def test_ensure_image_pulls_once_and_a_failed_pull_changes_nothing() -> None:
     with pytest.raises(InfraError, match="cannot pull"):
         units.ensure_image(empty, img, timeout=60)
     assert empty.images == set()
+
+
+def test_broken_locks_do_not_pile_up_and_status_shows_an_ownerless_one() -> None:
+    from stackbuild.host.converge import status
+
+    host = FakeHost()
+    host.dirs[LOCK + ".stale.1"] = host.now - 3600  # the one an earlier break kept
+    host.files[LOCK + ".stale.1/owner.json"] = ""
+    held_by(host, "", age_s=120)
+    assert "LOCKED: an owner that wrote no name" in status(host, PATHS).render(host.address)
+    with HostLock(host, PATHS, ME, ttl_s=900) as lock:
+        assert lock.broke is not None and lock.broke.what == "a lock with no owner written"
+    kept = [d for d in host.dirs if d.startswith(LOCK + ".stale.")]
+    assert len(kept) == 1 and kept[0] != LOCK + ".stale.1" and LOCK + ".stale.1/owner.json" not in host.files
+    assert "LOCKED" not in status(host, PATHS).render(host.address)

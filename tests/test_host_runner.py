@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers_deploy import gate_result
 
 from stackbuild.errors import InputError
-from stackbuild.gate.result import GateResult, ProbeResult, Workload
 from stackbuild.host.decide import verdict_of
 from stackbuild.host.preflight import Gpu, check_gpus
 from stackbuild.host.session import gate_profile, pin, split_pinned
@@ -37,18 +37,12 @@ def test_gate_profile_lookup() -> None:
         gate_profile(stack, "nope")
 
 
-def _result(verdict: str, bars: tuple[str, ...] = (), probe_ok: bool = True) -> GateResult:
-    return GateResult(name="c", url="u", started_at="t", finished_at="t", workload=Workload(),
-                      fingerprint="f", levels=(), verdict=verdict,  # type: ignore[arg-type]
-                      bars=bars, probe=ProbeResult(passed=probe_ok))
-
-
 def test_first_deploy_verdict_uses_bars_and_probe_only() -> None:
-    assert verdict_of(_result("reference"), first=True) == "pass"
-    assert verdict_of(_result("reference", bars=("C=1 too slow",)), first=True) == "fail"
-    assert verdict_of(_result("reference", probe_ok=False), first=True) == "fail"
-    assert verdict_of(_result("fail"), first=True) == "fail"
-    assert verdict_of(_result("inconclusive"), first=False) == "inconclusive"
+    assert verdict_of(gate_result("reference"), first=True) == "pass"
+    assert verdict_of(gate_result("reference", bars=("C=1 too slow",)), first=True) == "fail"
+    assert verdict_of(gate_result("reference", probe_ok=False), first=True) == "fail"
+    assert verdict_of(gate_result("fail"), first=True) == "fail"
+    assert verdict_of(gate_result("inconclusive"), first=False) == "inconclusive"
 
 
 def _gpus(n: int, arch: str = "sm_120", driver: str = "580.65.06") -> list[Gpu]:

@@ -45,13 +45,15 @@ class Converger:
     pull_timeout_s: float = 1800.0
     _down_since: float | None = None
 
+    # Outages are timed on the poller's clock (monotonic; a fake one in tests), the clock
+    # the readiness deadlines run on.
     def outage_begin(self) -> None:
         if self._down_since is None:
-            self._down_since = time.time()
+            self._down_since = self.pace.clock()
 
     def outage_end(self) -> None:
         if self._down_since is not None:
-            self.report.outages.append((self._down_since, time.time()))
+            self.report.outages.append((self._down_since, self.pace.clock()))
             self._down_since = None
 
 

@@ -1,0 +1,200 @@
+"""The deploy flow's good paths on the scripted FakeHost: first deploy, swap, side-by-side.
+
+Exact steps, outcome, state file, units, secrets files and (for the first deploy) the
+whole command sequence; the fake clock makes the reported downtime exact.
+"""
+
+from __future__ import annotations
+
+from helpers_deploy import (
+    BACKUP,
+    CAND_ENV,
+    CAND_UNIT,
+    CANDIDATE,
+    D_CAND,
+    D_INC,
+    ENV,
+    INCUMBENT,
+    MAIN,
+    OPERATOR_ENV,
+    PATHS,
+    PORT,
+    STAGING,
+    SVC,
+    FakeGate,
+    fake_host,
+    owners_masked,
+    profile,
+    run,
+    settled,
+    state,
+    steps,
+    unit_text,
+    with_incumbent,
+)
+
+from stackbuild.gate.result import GateResult
+from stackbuild.host import secrets, units
+from stackbuild.host.fake import DOCKER_INFO, TCP_SCRIPT
+from stackbuild.host.fake_base import READ_FILE_SCRIPT, READ_IF_EXISTS_SCRIPT
+from stackbuild.host.ssh import sh_argv
+from stackbuild.host.state import ACQUIRE_SCRIPT, RELEASE_SCRIPT, release_key
+from stackbuild.host.unit_probe import POLL_SCRIPT
+
+GOOD = [("lock", True), ("state", True), ("preflight", True), ("pull", True), ("stage unit", True),
+        ("baseline", True), ("mark pending", True), ("secrets", True), ("start", True), ("ready", True),
+        ("gate", True)]
+
+
+def release(image: str, digest: str, verdict: str = "pass") -> dict[str, object]:
+    return {"image": image, "digest": digest, "stack": "sim", "variant": None, "unit": unit_text(image),
+            "port": PORT, "verdict": verdict, "at": "T"}
+
+
+def test_first_deploy_promotes_commits_and_sends_exactly_these_commands() -> None:
+    host = fake_host()
+    gate = FakeGate(host)
+    rep = run(host, gate=gate, secrets={"HF_TOKEN": "tok"})
+    sent = owners_masked(host.commands)
+
+    assert (rep.outcome, rep.exit_code, rep.verdict, rep.cause) == ("promoted", 0, "pass", None)
+    assert steps(rep) == [*GOOD, ("promote", True)]
+    assert rep.downtime_s is None and rep.outages == []  # nothing served before
+    assert settled(state(host)) == {"service": SVC, "current": release(CANDIDATE, D_CAND), "previous": None,
+                                    "last_verdict": "pass", "last_cause": None, "last_image": CANDIDATE,
+                                    "last_at": "T", "pending": None}
+    key = release_key(D_CAND, unit_text(CANDIDATE))
+    stored = GateResult.model_validate_json(host.files[PATHS.result_file(key)])
+    assert (stored.name, stored.verdict, stored.fingerprint) == ("sim", "reference", profile().workload().fingerprint())
+    # the secret landed in the operator's file only, committed (no backup left); the server got it
+    assert host.files[ENV] == '# written by stackbuild; mode 0600; secrets by name\nHF_TOKEN="tok"\n'
+    assert host.modes[ENV] == 0o600
+    assert not {BACKUP, BACKUP + ".absent", CAND_ENV} & host.files.keys()
+    assert host.running[MAIN].image == CANDIDATE and host.running[MAIN].env == {"HF_TOKEN": "tok"}
+    assert [(c.served_by, c.baseline, c.url) for c in gate.calls] == [(CANDIDATE, None, f"http://127.0.0.1:{PORT}")]
+    assert PATHS.lock_dir not in host.dirs
+
+    staged, unit_path = f"{PATHS.staging_dir}/{MAIN}", PATHS.unit_path(MAIN)
+    inspect = ["docker", "image", "inspect", "--format", "{{.Id}}", CANDIDATE]
+    poll = sh_argv(POLL_SCRIPT, MAIN)
+    assert sent == [
+        sh_argv(ACQUIRE_SCRIPT, PATHS.lock_dir, "<owner>"),
+        sh_argv(READ_IF_EXISTS_SCRIPT, PATHS.state_file),
+        # preflight: reads only
+        DOCKER_INFO, inspect, ["df", "-Pk", "/var/lib/docker"], sh_argv(TCP_SCRIPT),
+        inspect, ["docker", "pull", "--quiet", CANDIDATE],
+        ["mkdir", "-p", PATHS.staging_dir], ["<put>", staged, "0644"], ["systemd-analyze", "verify", staged],
+        ["mkdir", "-p", PATHS.base], ["<put>", PATHS.state_file, "0644"],  # pending marked
+        sh_argv(READ_FILE_SCRIPT, ENV), ["mkdir", "-p", "-m", "0700", "/etc/stackbuild"],
+        sh_argv(secrets.BACKUP_SCRIPT, ENV, BACKUP), ["<put>", ENV, "0600"],
+        ["date", "+%s"], sh_argv(units.INSTALL_SCRIPT, staged, unit_path),
+        ["systemctl", "reset-failed", MAIN], ["systemctl", "start", MAIN],
+        poll, poll, poll, poll, poll,  # it listens 2 s after its start; polled every 0.5 s
+        ["mkdir", "-p", f"{PATHS.base}/results"], ["<put>", PATHS.result_file(key), "0644"],
+        ["mkdir", "-p", PATHS.base], ["<put>", PATHS.state_file, "0644"],
+        sh_argv(secrets.COMMIT_SCRIPT, BACKUP, CAND_ENV),
+        sh_argv(RELEASE_SCRIPT, PATHS.lock_dir, "<owner>"),
+    ]
+
+
+def test_swap_stops_the_incumbent_and_reports_the_exact_outage() -> None:
+    host = with_incumbent()
+    before = state(host)
+    gate = FakeGate(host)
+    t0 = host.now
+    rep = run(host, gate=gate)
+
+    assert (rep.outcome, rep.exit_code, rep.verdict) == ("promoted", 0, "pass")
+    assert steps(rep) == [*GOOD, ("promote", True)]
+    assert rep.steps[5].detail == f"stored result of {D_INC[:19]} (fingerprint {profile().workload().fingerprint()})"
+    # stopped at t0, the candidate listens 2 s after its start: one outage of exactly 2 s
+    assert rep.outages == [(t0, t0 + 2.0)] and rep.downtime_s == 2.0
+    assert "downtime: 2.00s in 1 outage(s)" in rep.render()
+    st = settled(state(host))
+    assert st["current"] == release(CANDIDATE, D_CAND)
+    assert st["previous"] == {**release(INCUMBENT, D_INC), "at": "T"} and before.current is not None
+    assert st["pending"] is None
+    assert [(c.served_by, c.baseline) for c in gate.calls] == [(CANDIDATE, "sim")]  # baseline: the stored result
+    start = host.commands.index(["date", "+%s"])
+    assert host.commands[start:start + 5] == [
+        ["date", "+%s"], ["systemctl", "stop", MAIN],
+        sh_argv(units.INSTALL_SCRIPT, f"{PATHS.staging_dir}/{MAIN}", PATHS.unit_path(MAIN)),
+        ["systemctl", "reset-failed", MAIN], ["systemctl", "start", MAIN],
+    ]
+    assert host.files[PATHS.unit_path(MAIN)] == unit_text(CANDIDATE)
+    assert host.running[MAIN].image == CANDIDATE and set(host.running) == {MAIN}
+
+
+def test_side_by_side_gates_on_the_staging_port_then_switches_in_one_transaction() -> None:
+    host = with_incumbent(env=OPERATOR_ENV)
+    incumbent_started = host.running[MAIN].started_at
+    gate = FakeGate(host)
+    t0 = host.now
+    rep = run(host, "side-by-side", gate=gate, secrets={"HF_TOKEN": "new"})
+
+    assert (rep.outcome, rep.exit_code, rep.verdict) == ("promoted", 0, "pass")
+    assert steps(rep) == [*GOOD, ("switch", True), ("ready", True), ("promote", True)]
+    merged = OPERATOR_ENV.replace("HF_TOKEN=operator-value", 'HF_TOKEN="new"')
+    # while gated: the candidate on the staging port with its own env file; the incumbent untouched
+    (call,) = gate.calls
+    assert (call.url, call.served_by, call.baseline) == (f"http://127.0.0.1:{STAGING}", CANDIDATE, "sim")
+    assert call.units == {MAIN: "active", CAND_UNIT: "active"}
+    assert call.running == {MAIN: (INCUMBENT, PORT, incumbent_started, {"HF_TOKEN": "operator-value"}),
+                            CAND_UNIT: (CANDIDATE, STAGING, t0 + 0.0, {"HF_TOKEN": "new"})}
+    assert rep.steps[7].detail == f"{CAND_ENV}: set HF_TOKEN"
+    # candidate ready 2 s after its start; the switch at t0+2 and the new main unit listens 2 s later
+    assert rep.outages == [(t0 + 2.0, t0 + 4.0)] and rep.downtime_s == 2.0
+    switch = host.commands.index(["systemctl", "daemon-reload"])
+    assert host.commands[switch - 2:switch + 3] == [
+        ["<put>", f"{PATHS.staging_dir}/switch.sh", "0700"],
+        ["<put>", f"/etc/systemd/system/stackbuild-switch-{SVC}.service", "0644"],
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "reset-failed", f"stackbuild-switch-{SVC}.service"],
+        ["systemctl", "start", f"stackbuild-switch-{SVC}.service"],
+    ]
+    assert [c for c in host.commands[:switch] if MAIN in c] == [["systemctl", "is-active", MAIN]]  # only looked at
+    assert host.state_of(f"stackbuild-switch-{SVC}.service") == "inactive"  # the transaction ran to its end
+    # after: the main unit (operator's env file) runs the candidate; the candidate unit and its copy are gone
+    assert set(host.running) == {MAIN} and host.running[MAIN].image == CANDIDATE
+    assert host.running[MAIN].env == {"HF_TOKEN": "new"}
+    assert host.files[PATHS.unit_path(MAIN)] == unit_text(CANDIDATE)
+    assert PATHS.unit_path(CAND_UNIT) not in host.files and CAND_UNIT not in host.loaded
+    assert host.files[ENV] == merged and host.modes[ENV] == 0o600
+    assert not {BACKUP, CAND_ENV} & host.files.keys()
+    st = settled(state(host))
+    assert (st["current"], st["previous"]["image"], st["pending"]) == (release(CANDIDATE, D_CAND), INCUMBENT, None)
+
+
+def test_candidate_unit_text_is_the_staging_render() -> None:
+    host = with_incumbent()
+    gate = FakeGate(host)
+
+    def check(url: str, *a: object) -> GateResult:
+        assert host.files[PATHS.unit_path(CAND_UNIT)] == unit_text(CANDIDATE, STAGING, f"{SVC}-candidate", CAND_ENV)
+        return gate(url, *a)  # type: ignore[arg-type]
+
+    rep = run(host, "side-by-side", gate=check)  # type: ignore[arg-type]
+    assert rep.exit_code == 0 and len(gate.calls) == 1
+
+
+def test_without_a_stored_result_the_incumbent_is_measured_first_and_kept() -> None:
+    host = with_incumbent()
+    cur = state(host).current
+    assert cur is not None
+    del host.files[PATHS.result_file(cur.key)]
+    gate = FakeGate(host)
+    rep = run(host, gate=gate)
+    assert rep.exit_code == 0
+    assert rep.steps[5].detail == f"measured the incumbent now (fingerprint {profile().workload().fingerprint()})"
+    # measured while it still served, before anything was stopped; then the candidate against it
+    assert [(c.served_by, c.name, c.baseline) for c in gate.calls] == [
+        (INCUMBENT, "incumbent sim", None), (CANDIDATE, "sim", "incumbent sim")]
+    assert GateResult.model_validate_json(host.files[PATHS.result_file(cur.key)]).name == "incumbent sim"
+
+
+def test_a_result_measured_through_another_path_is_not_a_baseline() -> None:
+    host = with_incumbent()
+    gate = FakeGate(host)
+    rep = run(host, gate=gate, access="tunnel")  # the stored one was measured direct
+    assert rep.steps[5].detail.startswith("measured the incumbent now")
+    assert [c.served_by for c in gate.calls] == [INCUMBENT, CANDIDATE]
