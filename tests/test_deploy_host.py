@@ -87,34 +87,18 @@ def test_first_deploy_promotes_then_status(project: Project) -> None:
     assert f"current:  {p.image.ref}" in s.stdout and "active" in s.stdout
 
 
-def test_good_candidate_promoted_over_incumbent(project: Project) -> None:
-    p = project
-    before = _incumbent(p)
-    with Client(p.port, kind="health") as client:
-        r = p.deploy("good2")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "gate verdict: pass" in r.stdout
-    st = p.state()
-    assert st["previous"] == before["current"]
-    assert "--seed 1" in p.unit_text()
-    report = reported_downtime(r.stdout)
-    record_figure(scenario="swap promote", reported_s=report, client_s=round(client.downtime(), 3),
-                  failed_requests=client.failed)
-    assert report is not None and report > 0
-
-
+# The whole fault x strategy matrix (crash, never ready, failed first generation, garbage,
+# slower, stalled, interrupted; swap and side-by-side) runs against the scripted host in
+# tests/test_deploy_failures_unit.py. Here, one of each kind on the real host: a crash that
+# real systemd and journald report under swap, and a gate verdict measured over real HTTP
+# under side-by-side, where the incumbent must not lose a request.
 FAILURES = [
-    ("crash", "candidate crashed on start", "no-kernel-image"),
-    ("neverready", "candidate never became ready", None),
-    ("badgen", "failed its first generation", "illegal-memory-access"),
-    ("garbage", "gate fail", None),
-    ("slower", "slower than the incumbent", None),
-    # badflag: `validate` rejects it now, before the host (tests/test_deploy_local_first.py)
+    ("swap", "crash", "candidate crashed on start", "no-kernel-image"),
+    ("side-by-side", "slower", "slower than the incumbent", None),
 ]
 
 
-@pytest.mark.parametrize(("variant", "cause", "signature"), FAILURES)
-@pytest.mark.parametrize("strategy", ["swap", "side-by-side"])
+@pytest.mark.parametrize(("strategy", "variant", "cause", "signature"), FAILURES)
 def test_failed_candidate_rolls_back(project: Project, strategy: str, variant: str, cause: str,
                                      signature: str | None) -> None:
     p = project
@@ -126,6 +110,7 @@ def test_failed_candidate_rolls_back(project: Project, strategy: str, variant: s
     assert "outcome: rolled-back (exit 1)" in out and cause in out, out
     if signature:
         assert f"crash signature: {signature}" in out, out
+        assert "No such container" not in out  # docker's noise about the removed container stays out
     _assert_incumbent_unchanged(p, before)
     assert p.state()["last_verdict"] in ("fail", "not-ready")
     if strategy == "side-by-side":
@@ -186,25 +171,6 @@ def test_swap_preflight_failure_lists_every_check_and_loses_nothing(
     data = json.loads(report.read_text())
     assert (data["outcome"], data["exit_code"]) == ("refused", 4)
     assert [s["name"] for s in data["steps"]] == ["lock", "state", "preflight"]
-
-
-def test_swap_lock_held_elsewhere_refuses_and_loses_nothing(project: Project) -> None:
-    p = project
-    _incumbent(p)
-    snap = p.snapshot()
-    owner = json.dumps({"host": "other-box", "pid": 1, "started": time.time(), "what": "deploy x"})
-    lock = f"/var/lib/stackbuild/{p.service}/lock"
-    p.host.sh(f"mkdir {lock} && printf '%s' '{owner}' > {lock}/owner.json", check=True)
-    try:
-        with Client(p.port) as client:
-            r = p.deploy("good2")
-    finally:
-        p.host.sh(f"rm -rf {lock}")
-    out = r.stdout + r.stderr
-    assert r.returncode == 4, out
-    assert "another deploy holds the host lock (deploy x by pid 1 on other-box" in out
-    assert p.snapshot() == snap
-    assert client.failed == 0
 
 
 def test_unknown_host_key_rejected_with_hint(project: Project, tmp_path: Path) -> None:

@@ -79,21 +79,3 @@ def test_operator_secrets_survive_deploys(project: Project) -> None:
     assert p.host.sh(f"ls /var/lib/stackbuild/{p.service}/ /etc/stackbuild/").stdout.count("env") == 1
 
 
-def test_side_by_side_candidate_reads_its_own_copy(project: Project) -> None:
-    p = project
-    env_file, cand_file = f"/etc/stackbuild/{p.service}.env", f"/etc/stackbuild/{p.service}-candidate.env"
-    p.host.sh(f"mkdir -p /etc/stackbuild && printf '%s' '{OPERATOR}' > {env_file} && chmod 600 {env_file}")
-    assert _deploy(p, "sec", None).returncode == 0
-
-    r = _deploy(p, "seccrash", "candidate-value", "side-by-side")
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert p.host.sh(f"cat {env_file}").stdout == OPERATOR  # untouched: the incumbent's own
-    assert p.host.sh(f"test -e {cand_file}").returncode != 0  # the candidate's copy is gone
-    assert _container_token(p) == "operator-value" and p.serving()
-
-    r = _deploy(p, "sec", "new-value", "side-by-side")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "-candidate.env" not in p.unit_text()  # the promoted main unit reads the operator's file
-    assert p.host.sh(f"cat {env_file}").stdout == OPERATOR.replace("operator-value", '"new-value"')
-    assert _container_token(p) == "new-value"
-    assert p.host.sh(f"test -e {cand_file}").returncode != 0

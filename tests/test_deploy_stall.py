@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 import pytest
 from test_deploy_support import (
-    Client,
     HostBox,
     Project,
     SimImage,
@@ -47,20 +46,6 @@ def _restored(p: Project, before: object) -> None:
     assert st["current"] == before and st.get("pending") is None
     assert p.active() == "active" and p.serving()
     assert p.host.sh(f"test -d /var/lib/stackbuild/{p.service}/lock").returncode != 0
-
-
-def test_stalled_candidate_fails_by_its_stall_timeout(project: Project) -> None:
-    p = project
-    before = p.state()["current"]
-    with Client(p.port, kind="health") as client:
-        r = p.deploy("stall", "--strategy", "swap")
-    out = r.stdout + r.stderr
-    assert r.returncode == 1, out
-    assert "stalled: no byte for 1s" in out and "outcome: rolled-back" in out
-    assert "stackbuild: deploy: gate ..." in r.stderr  # steps are told as they happen
-    _restored(p, before)
-    record_figure(scenario="swap stall-stream", reported_s=reported_downtime(out), client_s=round(client.downtime(), 3),
-                  failed_requests=client.failed, requests=len(client.results))
 
 
 def test_sigterm_mid_gate_restores_the_incumbent(project: Project) -> None:

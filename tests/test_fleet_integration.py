@@ -209,7 +209,9 @@ def test_canary_failure_leaves_the_rest_untouched(on_baseline: Fleet) -> None:
     f.assert_status_agrees()
 
 
-@pytest.mark.parametrize("policy, canary_after", [("halt", "fleettest-good2"), ("rollback_all", "fleettest")])
+# `halt` versus `rollback_all` is decided by decide_wave (tests/test_fleet.py, exact); on real
+# hosts, the policy that touches the most of them: earlier waves reverted over SSH.
+@pytest.mark.parametrize("policy, canary_after", [("rollback_all", "fleettest")])
 def test_later_wave_failure_by_policy(on_baseline: Fleet, policy: str, canary_after: str) -> None:
     f = on_baseline
     r = f.rollout("good2", "--on-failure", policy, inventory=f.inventory("sick.yaml", sick=2))
