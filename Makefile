@@ -11,8 +11,10 @@ STAMP = .stackbuild/install.stamp
 demo: infra install
 	$(PY) -m stackbuild demo
 
+# Four workers on two cores: the integration tests mostly wait on hosts and servers. A file
+# runs on one worker (its module fixtures hold a host), in its own order.
 test: infra install lint
-	$(PY) -m pytest -m "integration or not integration" -q
+	$(PY) -m pytest -m "integration or not integration" -q -n 4 --dist loadfile
 
 unit: install
 	$(PY) -m pytest -q

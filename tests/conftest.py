@@ -7,6 +7,7 @@ failure, because CI promises the real infrastructure.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import urllib.request
@@ -222,11 +223,20 @@ def testhost(testhost_factory: Callable[[], TestHost]) -> Iterator[TestHost]:
     h.remove()
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller, not an xdist worker
+        from test_deploy_support import figures_path
+
+        figures_path().unlink(missing_ok=True)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The downtime figures the deploy tests measured this session (a report, not a test)."""
-    from test_deploy_support import FIGURES
+    from test_deploy_support import figures_path
 
-    if FIGURES:
+    path = figures_path()
+    lines = path.read_text().splitlines() if path.exists() else []
+    if lines:
         terminalreporter.write_sep("-", "incumbent downtime measured by the deploy tests")
-        for fig in FIGURES:
-            terminalreporter.write_line(", ".join(f"{k}={v}" for k, v in fig.items()))
+        for line in lines:
+            terminalreporter.write_line(", ".join(f"{k}={v}" for k, v in json.loads(line).items()))

@@ -295,7 +295,9 @@ def cleanup_project(p: Project) -> None:
         docker("rm", "-f", unit, check=False)
 
 
-FIGURES: list[dict[str, object]] = []
+def figures_path() -> Path:
+    """One JSON line per figure: test workers (pytest-xdist) append, the summary reads them all."""
+    return Path(os.environ.get("STACKBUILD_DEPLOY_FIGURES", "/tmp/stackbuild-deploy-figures.jsonl"))
 
 
 def reported_downtime(stdout: str) -> float | None:
@@ -307,6 +309,5 @@ def reported_downtime(stdout: str) -> float | None:
 
 
 def record_figure(**kw: object) -> None:
-    FIGURES.append(kw)
-    out = Path(os.environ.get("STACKBUILD_DEPLOY_FIGURES", "/tmp/stackbuild-deploy-figures.json"))
-    out.write_text(json.dumps(FIGURES, indent=2))
+    with figures_path().open("a") as f:
+        f.write(json.dumps(kw) + "\n")
