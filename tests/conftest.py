@@ -223,6 +223,16 @@ def testhost(testhost_factory: Callable[[], TestHost]) -> Iterator[TestHost]:
     h.remove()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist `--dist loadgroup`: a module's tests stay on one worker, in order
+    (their module fixtures hold a host or a project), unless the module sets
+    `PER_TEST = True` (tests that share nothing spread over the workers one by one)."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and not getattr(module, "PER_TEST", False):
+            item.add_marker(pytest.mark.xdist_group(module.__name__))
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):  # the controller, not an xdist worker
         from test_deploy_support import figures_path

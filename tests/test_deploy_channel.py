@@ -15,9 +15,8 @@ from test_deploy_support import (
     HostBox,
     Project,
     SimImage,
-    cleanup_project,
     deploy_host,  # noqa: F401  (fixture)
-    make_project,
+    running_project,
     sim_image,  # noqa: F401  (fixture)
 )
 from test_push_retry import FlakyRegistry, flaky  # noqa: F401  (fixture)
@@ -28,11 +27,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    p = make_project(deploy_host, sim_image, tmp_path_factory.mktemp("channel"))
-    try:
+    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("channel")) as p:
         yield p
-    finally:
-        cleanup_project(p)
 
 
 def test_registry_down_at_channel_move_keeps_the_promotion(project: Project,

@@ -8,7 +8,6 @@ cause. Swap downtime is measured by a client and printed.
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -20,12 +19,13 @@ from test_deploy_support import (
     HostBox,
     Project,
     SimImage,
-    cleanup_project,
+    assert_incumbent_unchanged,
     deploy_host,  # noqa: F401  (fixture)
+    ensure_incumbent,
     free_port,
-    make_project,
     record_figure,
     reported_downtime,
+    running_project,
     sim_image,  # noqa: F401  (fixture)
 )
 
@@ -35,33 +35,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    proj = make_project(deploy_host, sim_image, tmp_path_factory.mktemp("deployproj"))
-    try:
-        yield proj
-    finally:
-        cleanup_project(proj)
-
-
-def _incumbent(p: Project) -> dict[str, object]:
-    """A good incumbent serving before a failure scenario (deployed once, then reused)."""
-    st = p.state()
-    cur = st.get("current") if st else None
-    if not (cur and p.active() == "active" and p.serving()):
-        r = p.deploy()
-        assert r.returncode == 0, r.stdout + r.stderr
-        st = p.state()
-    assert st["current"] and not st.get("pending")
-    return st
-
-
-def _assert_incumbent_unchanged(p: Project, before: dict[str, object]) -> None:
-    after = p.state()
-    assert after["current"] == before["current"], "the incumbent release changed"
-    assert after.get("pending") is None
-    assert p.active() == "active"
-    assert p.serving(), "the incumbent does not serve after the failed deploy"
-    assert p.host.sh(f"test -e /etc/systemd/system/{p.service}-candidate.service").returncode != 0
-    assert p.host.sh(f"test -d /var/lib/stackbuild/{p.service}/lock").returncode != 0
+    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("deployproj")) as p:
+        yield p
 
 
 def test_first_deploy_promotes_then_status(project: Project) -> None:
@@ -102,7 +77,7 @@ FAILURES = [
 def test_failed_candidate_rolls_back(project: Project, strategy: str, variant: str, cause: str,
                                      signature: str | None) -> None:
     p = project
-    before = _incumbent(p)
+    before = ensure_incumbent(p)
     with Client(p.port, kind="generate" if strategy == "side-by-side" else "health") as client:
         r = p.deploy(variant, "--strategy", strategy)
     out = r.stdout + r.stderr
@@ -111,7 +86,7 @@ def test_failed_candidate_rolls_back(project: Project, strategy: str, variant: s
     if signature:
         assert f"crash signature: {signature}" in out, out
         assert "No such container" not in out  # docker's noise about the removed container stays out
-    _assert_incumbent_unchanged(p, before)
+    assert_incumbent_unchanged(p, before)
     assert p.state()["last_verdict"] in ("fail", "not-ready")
     if strategy == "side-by-side":
         assert client.failed == 0, f"side-by-side lost {client.failed} of {len(client.results)}"
@@ -125,7 +100,7 @@ def test_failed_candidate_rolls_back(project: Project, strategy: str, variant: s
 
 def test_registry_unreachable_changes_nothing(project: Project) -> None:
     p = project
-    _incumbent(p)
+    ensure_incumbent(p)
     snap = p.snapshot()
     dead = f"127.0.0.1:{free_port()}/stackbuild-deploytest@{p.image.digest}"
     with Client(p.port) as client:
@@ -139,7 +114,7 @@ def test_registry_unreachable_changes_nothing(project: Project) -> None:
 
 def test_preflight_reports_every_failed_check(project: Project) -> None:
     p = project
-    _incumbent(p)
+    ensure_incumbent(p)
     snap = p.snapshot()
     with socket.socket() as blocker:
         blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -156,7 +131,7 @@ def test_preflight_reports_every_failed_check(project: Project) -> None:
 def test_swap_preflight_failure_lists_every_check_and_loses_nothing(
         project: Project, tmp_path: Path) -> None:
     p = project
-    _incumbent(p)
+    ensure_incumbent(p)
     snap = p.snapshot()
     report = tmp_path / "report.json"
     with Client(p.port) as client:
@@ -190,84 +165,9 @@ def test_unknown_host_key_rejected_with_hint(project: Project, tmp_path: Path) -
     assert f"[127.0.0.1]:{p.host.port} ssh-ed25519" in empty.read_text()
 
 
-def _wait_for(pred: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def _pending(p: Project) -> bool:
-    st = p.state()
-    return bool(st.get("pending"))
-
-
-def test_concurrent_deploy_refused_by_lock(project: Project) -> None:
-    p = project
-    _incumbent(p)
-    first = p.popen("slowload")
-    try:
-        _wait_for(lambda: _pending(p), 60, "the first deploy to start")
-        second = p.deploy("good2")
-        out = second.stdout + second.stderr
-        assert second.returncode == 4, out
-        assert "another deploy holds the host lock" in out and f"pid {first.pid}" in out
-    finally:
-        out1, _ = first.communicate(timeout=120)
-    assert first.returncode == 0, out1
-    assert "--load-s 5" in p.unit_text()
-
-
-def test_stackbuild_killed_mid_deploy_rerun_converges(project: Project) -> None:
-    p = project
-    before = _incumbent(p)
-    proc = p.popen("slowload", "--strategy", "swap")
-    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 60,
-              "the candidate to start")
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
-    assert p.host.sh(f"test -d /var/lib/stackbuild/{p.service}/lock").returncode == 0
-    assert _pending(p)
-    r = p.deploy("good2")
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out
-    assert "broke a stale lock" in out and "recover" in out
-    st = p.state()
-    assert st["previous"] == before["current"] and st.get("pending") is None
-    assert p.serving()
-
-
-def _kill_ssh_sessions(host: HostBox) -> int:
-    ps = host.sh("ps -eo pid=,args=").stdout.splitlines()
-    pids = [ln.split()[0] for ln in ps if "sshd:" in ln and "root@" in ln]
-    for pid in pids:
-        host.sh(f"kill -9 {pid}")
-    return len(pids)
-
-
-def test_ssh_killed_mid_deploy_restores_then_rerun_converges(project: Project) -> None:
-    p = project
-    before = _incumbent(p)
-    proc = p.popen("slowload", "--strategy", "swap")
-    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 60,
-              "the candidate to start")
-    assert _kill_ssh_sessions(p.host) >= 1
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 4, out
-    assert "SSH connection" in out and "lost" in out
-    assert "reconnecting once to restore the host" in out
-    _assert_incumbent_unchanged(p, before)
-    r = p.deploy("slowload")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert p.state()["previous"] == before["current"]
-
-
 def test_dry_run_prints_commands_and_changes_nothing(project: Project) -> None:
     p = project
-    _incumbent(p)
+    ensure_incumbent(p)
     snap = p.snapshot()
     r = p.deploy("good2", "--dry-run")
     assert r.returncode == 0, r.stderr
@@ -276,24 +176,10 @@ def test_dry_run_prints_commands_and_changes_nothing(project: Project) -> None:
     assert p.snapshot() == snap
 
 
-def test_rollback_to_previous_digest(project: Project) -> None:
-    p = project
-    _incumbent(p)
-    r = p.deploy("good2")
-    assert r.returncode == 0, r.stdout + r.stderr
-    st = p.state()
-    r = p.run("rollback", "--service", p.service)
-    assert r.returncode == 0, r.stdout + r.stderr
-    after = p.state()
-    assert after["current"] == st["previous"] and after["previous"] == st["current"]
-    assert p.serving()
-    assert "--seed 1" not in p.unit_text()
-
-
 def test_deploy_builds_and_pushes_when_no_image_is_given(project: Project) -> None:
     """`stackbuild deploy STACK --host ...` alone: BuildKit build, push, pull by digest, gate."""
     p = project
-    _incumbent(p)
+    ensure_incumbent(p)
     r = p.deploy(None, "--registry", "127.0.0.1:5000/stackbuild-deploytest", image="")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out

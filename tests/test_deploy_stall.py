@@ -13,11 +13,10 @@ from test_deploy_support import (
     HostBox,
     Project,
     SimImage,
-    cleanup_project,
     deploy_host,  # noqa: F401  (fixture)
-    make_project,
     record_figure,
     reported_downtime,
+    running_project,
     sim_image,  # noqa: F401  (fixture)
 )
 
@@ -32,13 +31,8 @@ VARIANTS = (
 @pytest.fixture(scope="module")
 def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    p = make_project(deploy_host, sim_image, tmp_path_factory.mktemp("stall"), VARIANTS)
-    try:
-        r = p.deploy()
-        assert r.returncode == 0, r.stdout + r.stderr
+    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("stall"), VARIANTS, deployed=True) as p:
         yield p
-    finally:
-        cleanup_project(p)
 
 
 def _restored(p: Project, before: object) -> None:

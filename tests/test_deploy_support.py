@@ -17,6 +17,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -287,6 +288,42 @@ def make_project(host: HostBox, image: SimImage, root: Path, extra_variants: str
     text = SPEC.format(port=port, staging=staging, service=service)
     (root / "stacks" / "simtest.yaml").write_text(text + extra_variants)
     return Project(root, host, image, service, port, staging, root / "ledger.db")
+
+
+@contextmanager
+def running_project(host: HostBox, image: SimImage, root: Path, variants: str = "", *,
+                    deployed: bool = False) -> Iterator[Project]:
+    """A project on the shared host for one test module; `deployed`: with a good incumbent serving."""
+    p = make_project(host, image, root, variants)
+    try:
+        if deployed:
+            r = p.deploy()
+            assert r.returncode == 0, r.stdout + r.stderr
+        yield p
+    finally:
+        cleanup_project(p)
+
+
+def ensure_incumbent(p: Project) -> dict[str, object]:
+    """A good incumbent serving before a scenario (deployed once, then reused)."""
+    st = p.state()
+    cur = st.get("current") if st else None
+    if not (cur and p.active() == "active" and p.serving()):
+        r = p.deploy()
+        assert r.returncode == 0, r.stdout + r.stderr
+        st = p.state()
+    assert st["current"] and not st.get("pending")
+    return st
+
+
+def assert_incumbent_unchanged(p: Project, before: dict[str, object]) -> None:
+    after = p.state()
+    assert after["current"] == before["current"], "the incumbent release changed"
+    assert after.get("pending") is None
+    assert p.active() == "active"
+    assert p.serving(), "the incumbent does not serve after the failed deploy"
+    assert p.host.sh(f"test -e /etc/systemd/system/{p.service}-candidate.service").returncode != 0
+    assert p.host.sh(f"test -d /var/lib/stackbuild/{p.service}/lock").returncode != 0
 
 
 def cleanup_project(p: Project) -> None:

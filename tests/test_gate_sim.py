@@ -17,6 +17,7 @@ from stackbuild.spec.load import load_stack
 from stackbuild.spec.profile import GateProfile
 
 pytestmark = pytest.mark.integration
+PER_TEST = True  # each test starts its own simulators
 
 # C=8 closed loop, 160 out tokens: at --speed 10 a run is ~0.35 s, long enough that a
 # stall of the 2 shared cores does not decide a verdict

@@ -17,6 +17,7 @@ from stackbuild.cli.main import main
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 
 pytestmark = pytest.mark.integration
+PER_TEST = True  # each test starts its own simulators
 ARGS = ["--concurrency", "2", "--input-len", "16", "--output-len", "64", "--runs", "2", "--max-runs", "2",
         "--warmup", "0", "--timeout", "600", "--no-progress"]
 

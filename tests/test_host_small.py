@@ -14,9 +14,8 @@ from test_deploy_support import (
     HostBox,
     Project,
     SimImage,
-    cleanup_project,
     deploy_host,  # noqa: F401  (fixture)
-    make_project,
+    running_project,
     sim_image,  # noqa: F401  (fixture)
 )
 
@@ -26,13 +25,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    p = make_project(deploy_host, sim_image, tmp_path_factory.mktemp("small"))
-    try:
-        r = p.deploy()
-        assert r.returncode == 0, r.stdout + r.stderr
+    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("small"), deployed=True) as p:
         yield p
-    finally:
-        cleanup_project(p)
 
 
 def _cli(p: Project, *args: str) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,7 @@ from helpers_http import http, sse
 from stackbuild.sim.process import SimProc, sim
 
 pytestmark = pytest.mark.integration
+PER_TEST = True  # each test starts its own simulators
 
 
 def test_status_routes() -> None:

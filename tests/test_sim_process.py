@@ -14,6 +14,7 @@ from stackbuild.effects.readiness import HttpProbe, Pace, wait_ready
 from stackbuild.sim.process import SimProc, sim
 
 pytestmark = pytest.mark.integration
+PER_TEST = True  # each test starts its own simulators
 
 
 def test_lifecycle_warmup_then_ready_then_sigterm() -> None:

@@ -1,0 +1,122 @@
+"""Deploys interrupted on the real host: a second deploy racing for the lock, stackbuild
+SIGKILLed mid-deploy, the SSH sessions killed mid-deploy, and `stackbuild rollback`.
+
+Apart from tests/test_deploy_host.py so the two run on separate test workers; each has its
+own project (service) on the worker's host.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from test_deploy_support import (
+    HostBox,
+    Project,
+    SimImage,
+    assert_incumbent_unchanged,
+    deploy_host,  # noqa: F401  (fixture)
+    ensure_incumbent,
+    running_project,
+    sim_image,  # noqa: F401  (fixture)
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("interrupted")) as p:
+        yield p
+
+
+def _wait_for(pred: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _pending(p: Project) -> bool:
+    st = p.state()
+    return bool(st.get("pending"))
+
+
+def test_concurrent_deploy_refused_by_lock(project: Project) -> None:
+    p = project
+    ensure_incumbent(p)
+    first = p.popen("slowload")
+    try:
+        _wait_for(lambda: _pending(p), 60, "the first deploy to start")
+        second = p.deploy("good2")
+        out = second.stdout + second.stderr
+        assert second.returncode == 4, out
+        assert "another deploy holds the host lock" in out and f"pid {first.pid}" in out
+    finally:
+        out1, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out1
+    assert "--load-s 5" in p.unit_text()
+
+
+def test_stackbuild_killed_mid_deploy_rerun_converges(project: Project) -> None:
+    p = project
+    before = ensure_incumbent(p)
+    proc = p.popen("slowload", "--strategy", "swap")
+    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 60,
+              "the candidate to start")
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert p.host.sh(f"test -d /var/lib/stackbuild/{p.service}/lock").returncode == 0
+    assert _pending(p)
+    r = p.deploy("good2")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "broke a stale lock" in out and "recover" in out
+    st = p.state()
+    assert st["previous"] == before["current"] and st.get("pending") is None
+    assert p.serving()
+
+
+def _kill_ssh_sessions(host: HostBox) -> int:
+    ps = host.sh("ps -eo pid=,args=").stdout.splitlines()
+    pids = [ln.split()[0] for ln in ps if "sshd:" in ln and "root@" in ln]
+    for pid in pids:
+        host.sh(f"kill -9 {pid}")
+    return len(pids)
+
+
+def test_ssh_killed_mid_deploy_restores_then_rerun_converges(project: Project) -> None:
+    p = project
+    before = ensure_incumbent(p)
+    proc = p.popen("slowload", "--strategy", "swap")
+    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 60,
+              "the candidate to start")
+    assert _kill_ssh_sessions(p.host) >= 1
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 4, out
+    assert "SSH connection" in out and "lost" in out
+    assert "reconnecting once to restore the host" in out
+    assert_incumbent_unchanged(p, before)
+    r = p.deploy("slowload")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert p.state()["previous"] == before["current"]
+
+
+def test_rollback_to_previous_digest(project: Project) -> None:
+    p = project
+    ensure_incumbent(p)
+    r = p.deploy("good2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    st = p.state()
+    r = p.run("rollback", "--service", p.service)
+    assert r.returncode == 0, r.stdout + r.stderr
+    after = p.state()
+    assert after["current"] == st["previous"] and after["previous"] == st["current"]
+    assert p.serving()
+    assert "--seed 1" not in p.unit_text()
