@@ -147,17 +147,36 @@ ensure_base_image() {
   log "built $BASE_IMAGE"
 }
 
+# The image is rebuilt when its sources change: it carries their hash as a label.
+testhost_hash() { cat "$HERE"/testhost/* | sha256sum | cut -c1-16; }
+testhost_current() {
+  [ "$("$DOCKER" image inspect -f '{{index .Config.Labels "dev.stackbuild.testhost"}}' "$TESTHOST_IMAGE" 2>/dev/null)" \
+    = "$(testhost_hash)" ]
+}
+
 ensure_testhost_image() {
-  image_present "$TESTHOST_IMAGE" && return 0
+  testhost_current && return 0
   log "building $TESTHOST_IMAGE (systemd + sshd + python3)"
   DOCKER_BUILDKIT=1 "$DOCKER" build --network host --progress plain \
+    --label "dev.stackbuild.testhost=$(testhost_hash)" \
     --build-arg "BASE=$BASE_IMAGE" -t "$TESTHOST_IMAGE" "$HERE/testhost" \
     >"$STATE_DIR/testhost-build.log" 2>&1 \
     || { tail -n 30 "$STATE_DIR/testhost-build.log" >&2; die "test-host image build failed (log: $STATE_DIR/testhost-build.log)"; }
 }
 
 all_up() {
-  [ -x "$DOCKER" ] && docker_up && registry_up && image_present "$BASE_IMAGE" && image_present "$TESTHOST_IMAGE"
+  [ -x "$DOCKER" ] && docker_up && registry_up && image_present "$BASE_IMAGE" && testhost_current && inotify_room
+}
+
+# Each test host runs its own systemd, and every systemd takes inotify instances; the
+# kernel's default of 128 per user runs out with about ten hosts up at once (the tests
+# run several side by side), and units then fail at boot. Raised where we may.
+INOTIFY_INSTANCES=1024
+inotify_room() { [ "$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null || echo 0)" -ge "$INOTIFY_INSTANCES" ]; }
+ensure_inotify() {
+  inotify_room && return 0
+  sysctl -qw "fs.inotify.max_user_instances=$INOTIFY_INSTANCES" 2>/dev/null \
+    || log "warning: could not raise fs.inotify.max_user_instances to $INOTIFY_INSTANCES; many test hosts at once may fail to boot"
 }
 
 if all_up; then
@@ -169,6 +188,7 @@ exec 9>"$STATE_DIR/infra.lock"
 flock -w 900 9 || die "another up.sh holds $STATE_DIR/infra.lock for more than 15 min"
 
 ensure_packages
+ensure_inotify
 ensure_dockerd
 ensure_registry
 ensure_base_image
