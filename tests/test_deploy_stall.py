@@ -58,6 +58,6 @@ def test_sigterm_mid_gate_restores_the_incumbent(project: Project) -> None:
     out = "".join(seen) + rest
     assert proc.returncode == 4, out
     assert "interrupted by SIGTERM" in out and "outcome: rolled-back" in out
-    assert "Traceback" not in out
+    assert "Traceback" not in out, out
     _restored(p, before)
     record_figure(scenario="swap SIGTERM mid-gate", reported_s=reported_downtime(out))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pytest
+
 from stackbuild.effects.readiness import Pace, Readiness, wait_ready
 
 
@@ -89,3 +91,26 @@ def test_a_crash_is_reported_at_once_not_at_the_deadline() -> None:
     ready, _ = run(probe, start=600.0)
     assert (ready.ok, ready.stage, ready.detail, ready.seconds) == (False, "crashed", "unit failed/failed", 2.0)
     assert probe.calls == ["port", "port"]
+
+
+def test_the_http_probe_tolerates_http_failures_but_not_an_interruption(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from stackbuild.effects import http
+    from stackbuild.effects.readiness import HttpProbe
+    from stackbuild.errors import StackbuildError
+
+    def refused(*a: object, **k: object) -> str:
+        raise http.NoAnswer("POST", "http://127.0.0.1:9/v1/completions", "Connection refused")
+
+    monkeypatch.setattr(http, "complete", refused)
+    assert HttpProbe("http://127.0.0.1:9").generate() == (
+        False, "POST http://127.0.0.1:9/v1/completions: no answer (Connection refused)")
+
+    class Interrupted(StackbuildError):  # what a deploy's SIGTERM handler raises
+        pass
+
+    def interrupted(*a: object, **k: object) -> str:
+        raise Interrupted("SIGTERM")
+
+    monkeypatch.setattr(http, "complete", interrupted)
+    with pytest.raises(Interrupted):
+        HttpProbe("http://127.0.0.1:9").generate()

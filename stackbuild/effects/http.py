@@ -29,7 +29,16 @@ class Reply:
         return json.loads(self.body.decode("utf-8", errors="replace"))
 
 
-class NoAnswer(InfraError):
+class HttpFailure(InfraError):
+    """What an HTTP call can fail with. Callers that tolerate failures catch this, never the
+    broader InfraError: a deploy's SIGTERM arrives as an InfraError too and must get through."""
+
+
+class BadAnswer(HttpFailure):
+    """An answer, but not the one asked for (a status or a body)."""
+
+
+class NoAnswer(HttpFailure):
     """Nothing answered at all (refused, reset, timed out): not an HTTP status."""
 
     def __init__(self, method: str, url: str, reason: str) -> None:
@@ -89,7 +98,7 @@ def status(url: str, *, timeout: float = 3.0) -> int | None:
     """The HTTP status of a GET, or None when nothing answered."""
     try:
         return get(url, timeout=timeout).status
-    except InfraError:
+    except NoAnswer:
         return None
 
 
@@ -98,8 +107,8 @@ def complete(url: str, prompt: str, max_tokens: int, *, model: str = "default", 
     doc = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
     reply = post_json(url.rstrip("/") + "/v1/completions", doc, timeout=timeout)
     if reply.status != 200:
-        raise InfraError(f"POST {url}/v1/completions: HTTP {reply.status}: {reply.body[:200]!r}")
+        raise BadAnswer(f"POST {url}/v1/completions: HTTP {reply.status}: {reply.body[:200]!r}")
     try:
         return str(reply.json()["choices"][0]["text"])
     except (ValueError, KeyError, IndexError, TypeError):
-        raise InfraError(f"POST {url}/v1/completions: unexpected answer {reply.body[:200]!r}") from None
+        raise BadAnswer(f"POST {url}/v1/completions: unexpected answer {reply.body[:200]!r}") from None

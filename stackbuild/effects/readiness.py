@@ -77,7 +77,7 @@ class HttpProbe:
     def generate(self) -> tuple[bool, str]:
         try:
             text = http.complete(self.url, "Say hello.", 8, timeout=self.generate_timeout_s)
-        except InfraError as err:
+        except http.HttpFailure as err:
             return False, str(err).splitlines()[0][:300]
         if not text.strip():
             return False, f"{self.url}: a real generation returned empty text"

@@ -190,7 +190,7 @@ def _metrics(url: str) -> dict[str, float]:
 
     try:
         reply = http.get(f"{url}/metrics", timeout=10.0)
-    except StackbuildError:
+    except http.HttpFailure:
         return {}
     # /metrics needs --enable-metrics on sglang: without it, the soak watches the rest
     return parse_counters(reply.body.decode(errors="replace")) if reply.status == 200 else {}

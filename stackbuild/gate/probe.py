@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
-from stackbuild.effects import http
+import aiohttp
+
 from stackbuild.errors import InfraError
 from stackbuild.gate.result import ProbeResult
 
@@ -54,7 +54,25 @@ def check_outputs(
 async def fetch_outputs(
     url: str, prompts: Sequence[str], max_tokens: int, *, model: str = "default"
 ) -> list[str]:
-    return [await asyncio.to_thread(http.complete, url, p, max_tokens, model=model) for p in prompts]
+    async with aiohttp.ClientSession() as session:
+        return [await _complete(session, url, p, max_tokens, model) for p in prompts]
+
+
+async def _complete(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, model: str) -> str:
+    """One greedy /v1/completions call on the gate's own async client (the probe runs under the
+    gate's deadline, and only a coroutine can be cut off there)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+    try:
+        async with session.post(url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=60)) as r:
+            data = await r.json(content_type=None)
+            if r.status != 200:
+                raise InfraError(f"POST {url}/v1/completions: HTTP {r.status}: {str(data)[:200]}")
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
+        raise InfraError(f"POST {url}/v1/completions failed: {type(err).__name__}: {err}") from None
+    try:
+        return str(data["choices"][0]["text"])
+    except (KeyError, IndexError, TypeError):
+        raise InfraError(f"POST {url}/v1/completions: unexpected answer {str(data)[:200]}") from None
 
 
 async def run_probe(

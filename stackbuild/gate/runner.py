@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from stackbuild.effects import http
+from stackbuild.effects import aio, http
 from stackbuild.effects.readiness import HttpProbe, wait_ready
 from stackbuild.errors import InfraError, InputError
 from stackbuild.gate import checks, loadgen
@@ -41,22 +41,25 @@ def _noop(kind: str, data: dict[str, Any]) -> None:
     return None
 
 
-async def _reachable(url: str, what: str, deadline_s: float) -> None:
+# _reachable and host_facts block the event loop on purpose: they run before any load task
+# exists, so there is nothing to starve, and no worker thread is left behind when a
+# SIGTERM interrupts the gate there.
+def _reachable(url: str, what: str, deadline_s: float) -> None:
     """Port open, /health 200 and one generation, else InfraError (exit 4) naming the layer."""
-    if not await asyncio.to_thread(http.port_open, url, 3.0):
+    if not http.port_open(url, 3.0):
         raise InfraError(f"{what} {url} is unreachable (connection refused or timed out); "
                          "start the server or fix --url")
-    ready = await asyncio.to_thread(wait_ready, HttpProbe(url), start_deadline_s=deadline_s)
+    ready = wait_ready(HttpProbe(url), start_deadline_s=deadline_s)
     if not ready.ok:
         raise InfraError(f"{what} {url} does not serve: {ready.stage} failing ({ready.detail}); "
                          "check the server's log")
 
 
-async def host_facts(url: str) -> dict[str, str]:
+def host_facts(url: str) -> dict[str, str]:
     try:
-        reply = await asyncio.to_thread(http.get, url.rstrip("/") + "/server_info")
+        reply = http.get(url.rstrip("/") + "/server_info")
         info = reply.json() if reply.status == 200 else None
-    except (InfraError, ValueError):
+    except (http.HttpFailure, ValueError):
         return {}
     if not isinstance(info, dict):
         return {}
@@ -275,12 +278,12 @@ async def run_gate_async(
         raise InputError("give either --baseline FILE or --baseline-url URL, not both")
     if baseline is not None:
         _check_baseline(baseline, wl)
-    await _reachable(url, "candidate", profile.ready_timeout_s)
+    _reachable(url, "candidate", profile.ready_timeout_s)
     inc_url = baseline_url.rstrip("/") if baseline_url else None
     if inc_url:
-        await _reachable(inc_url, "incumbent", profile.ready_timeout_s)
+        _reachable(inc_url, "incumbent", profile.ready_timeout_s)
     started = _now()
-    facts = {**await host_facts(url), **(host_facts_extra or {})}
+    facts = {**host_facts(url), **(host_facts_extra or {})}
     emit("start", {"name": name, "url": url, "baseline_url": inc_url, "workload": wl})
     for target in [u for u in (inc_url, url) if u]:
         await loadgen.warmup(target, wl, max(wl.concurrency))
@@ -336,6 +339,6 @@ def run_gate(
     progress: Progress | None = None,
 ) -> GateResult:
     """Synchronous wrapper of run_gate_async (for deploy and the CLI)."""
-    return asyncio.run(run_gate_async(url, profile, name=name, baseline=baseline,
-                                      baseline_url=baseline_url, host_facts_extra=host_facts,
-                                      progress=progress))
+    return aio.run(lambda: run_gate_async(url, profile, name=name, baseline=baseline,
+                                          baseline_url=baseline_url, host_facts_extra=host_facts,
+                                          progress=progress))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stackbuild.effects import aio
 from stackbuild.errors import EXIT_INFRA, InfraError, InputError, StackbuildError
 from stackbuild.gate.result import GateResult
 from stackbuild.host.deploy import deploy, recover
@@ -220,8 +221,13 @@ def check_local_outputs(args: DeployArgs) -> None:
         check_ledger(args.ledger or default_ledger_path(args.root or Path.cwd()))
 
 
-class Interrupted(InfraError):
-    """SIGTERM/SIGINT mid-deploy: raised where the deploy is, so it puts the incumbent back first."""
+class Interrupted(StackbuildError):
+    """SIGTERM/SIGINT mid-deploy: raised where the deploy is, so it puts the incumbent back first.
+
+    Not an InfraError: code that tolerates an infrastructure failure (a probe that could not
+    reach the server, say) must not swallow it."""
+
+    exit_code = EXIT_INFRA
 
 
 @contextmanager
@@ -240,7 +246,11 @@ def restore_on_signal() -> Iterator[None]:
     def handler(signum: int, _frame: object) -> None:
         for s in sigs:
             signal.signal(s, signal.SIG_IGN)  # a second signal must not cut the restore short
-        raise Interrupted(f"interrupted by {signal.Signals(signum).name}; the incumbent is put back before exit")
+
+        def interrupt() -> None:
+            raise Interrupted(f"interrupted by {signal.Signals(signum).name}; the incumbent is put back before exit")
+
+        aio.deliver(interrupt)  # not inside an event loop's construction (effects/aio.py)
 
     for s in sigs:
         signal.signal(s, handler)
