@@ -55,7 +55,7 @@ def test_sim_image_is_tagged_labelled_and_pushed(docker_client: Any, sim_built: 
     assert sim_built.digest and sim_built.digest.startswith("sha256:")
     assert manifest_digest(parse_ref(sim_built.image)) == sim_built.digest
     # No temporary tag survives the build.
-    tags = [t for img in docker_client.images.list() for t in img.tags]
+    tags = _all_tags(docker_client)
     assert not [t for t in tags if "-partial" in t and TEST_REPO in t]
 
 
@@ -185,7 +185,13 @@ def test_build_secret_never_lands_in_the_image(docker_client: Any, base_image: s
 
 
 def _no_tags_for(c: Any, label: str) -> list[str]:
-    return [t for img in c.images.list() for t in img.tags if f":{label}-" in t]
+    return [t for t in _all_tags(c) if f":{label}-" in t]
+
+
+def _all_tags(c: Any) -> list[str]:
+    # one listing call: images.list() inspects each image after listing, and other test
+    # workers remove their own images in between
+    return [t for img in c.api.images() for t in (img.get("RepoTags") or [])]
 
 
 def test_failing_run_step_exit_4_names_the_log_and_leaves_no_tag(
