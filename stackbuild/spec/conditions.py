@@ -4,9 +4,11 @@ paths they object to (and values for the message). The table that names them is 
 from __future__ import annotations
 
 import re
+import zipfile
 from collections.abc import Iterator
 from typing import Any
 
+from stackbuild.errors import StackbuildError
 from stackbuild.paths import cache_dir
 from stackbuild.spec.facts import (
     ARCH_MIN_CUDA,
@@ -176,8 +178,8 @@ def release_pins(version: str) -> dict[str, str]:
             req = sglang.load_table(version, offline=True).requires
             if req:
                 return req
-        except Exception:  # a broken cache falls back to the table below
-            pass
+        except (StackbuildError, OSError, ValueError, KeyError, SyntaxError, zipfile.BadZipFile):
+            pass  # a broken cache entry falls back to the table below; `validate` reports it
     return SGLANG_PINS.get(version, {})
 
 
