@@ -44,3 +44,38 @@ def test_base_url_plain_http_only_on_loopback() -> None:
     assert base_url("127.0.0.1:5000") == "http://127.0.0.1:5000"
     assert base_url("localhost:5000") == "http://localhost:5000"
     assert base_url("registry.example.com") == "https://registry.example.com"
+
+
+def test_a_read_that_meets_a_half_written_tag_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackbuild.effects import http
+    from stackbuild.image import registry
+
+    answers = [http.Reply(500, b'{"errors":[{"code":"UNKNOWN"}]}', {}), http.Reply(500, b"", {}),
+               http.Reply(200, b"", {"docker-content-digest": "sha256:" + "a" * 64})]
+    calls: list[str] = []
+    slept: list[float] = []
+
+    def fake(method: str, url: str, **kw: object) -> http.Reply:
+        calls.append(method)
+        return answers.pop(0)
+
+    monkeypatch.setattr(http, "request", fake)
+    monkeypatch.setattr(registry, "sleep", slept.append)
+    assert registry.manifest_digest(registry.parse_ref("127.0.0.1:5000/x:t")) == "sha256:" + "a" * 64
+    assert calls == ["HEAD", "HEAD", "HEAD"] and slept == [0.5, 1.0]
+
+
+def test_a_write_is_never_repeated_by_the_read_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackbuild.effects import http
+    from stackbuild.image import registry
+
+    calls: list[str] = []
+
+    def fake(method: str, url: str, **kw: object) -> http.Reply:
+        calls.append(method)
+        return http.Reply(500, b"", {})
+
+    monkeypatch.setattr(http, "request", fake)
+    monkeypatch.setattr(registry, "sleep", lambda s: None)
+    assert registry._request("PUT", "http://127.0.0.1:5000/v2/x/manifests/t", data=b"{}")[0] == 500
+    assert calls == ["PUT"]

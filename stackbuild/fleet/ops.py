@@ -10,8 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 from stackbuild.errors import StackbuildError
 from stackbuild.fleet.inventory import host_stack
@@ -19,7 +18,8 @@ from stackbuild.fleet.plan import host_class, spread
 from stackbuild.fleet.rollout import DeployResult, HostView
 from stackbuild.fleet.soak import Sample, parse_counters, soak
 from stackbuild.gate.result import GateResult
-from stackbuild.host.ssh import FabricRemote, SshOptions, connect, parse_host
+from stackbuild.host.session import RunOptions
+from stackbuild.host.ssh import FabricRemote, connect, parse_host
 from stackbuild.host.state import HostPaths
 from stackbuild.spec.fleet import FleetHost
 from stackbuild.spec.stack import Stack
@@ -27,22 +27,15 @@ from stackbuild.spec.stack import Stack
 
 @dataclass
 class RealOps:
-    stack: Stack
+    run: RunOptions  # the rollout's options
     hosts: dict[str, FleetHost]
-    image: str  # pinned REPO@sha256:...
-    ssh: SshOptions
-    registry: str | None = None
-    profile_name: str | None = None
-    tunnel: bool | None = None
-    ledger: Path | None = None
-    root: Path | None = None
-    secrets: dict[str, str] = field(default_factory=dict)
+    image: str  # the candidate, resolved and pinned: REPO@sha256:...
     echo: Callable[[str], None] = print
     pull_timeout_s: float = 1800.0
     _out: threading.Lock = field(default_factory=threading.Lock)
 
     def stack_of(self, host: str) -> Stack:
-        hs = host_stack(self.stack, self.hosts[host])
+        hs = host_stack(self.run.stack, self.hosts[host])
         # the registry channel moves once, when the whole rollout completed (runner.py), not per host
         return hs.model_copy(update={"host": hs.host.model_copy(update={"channel": None})})
 
@@ -52,7 +45,7 @@ class RealOps:
 
     @contextmanager
     def remote(self, host: str) -> Iterator[FabricRemote]:
-        r = connect(parse_host(self.hosts[host].target), self.ssh)
+        r = connect(parse_host(self.hosts[host].target), self.run.ssh)
         try:
             yield r
         finally:
@@ -113,14 +106,12 @@ class RealOps:
 
     def deploy(self, host: str) -> DeployResult:
         from stackbuild.host.outcome import DeployReport
-        from stackbuild.host.session import DeployArgs, run_deploy
+        from stackbuild.host.session import deploy_args, run_deploy
 
         hs = self.stack_of(host)
         lines: list[str] = []
         reports: list[DeployReport] = []
-        args = DeployArgs(stack=hs, host_text=self.hosts[host].target, ssh=self.ssh, strategy=hs.host.strategy,
-                          image=self.image, registry=self.registry, profile_name=self.profile_name,
-                          tunnel=self.tunnel, ledger=self.ledger, root=self.root, secrets=self.secrets)
+        args = deploy_args(replace(self.run, image=self.image), stack=hs, host_text=self.hosts[host].target)
         try:
             code = run_deploy(args, echo=lines.append, reports=reports)
         except Exception as err:
@@ -150,7 +141,7 @@ class RealOps:
         from stackbuild.host.unit_probe import parse_show
 
         hs, paths = self.stack_of(host), self.paths(host)
-        with self.remote(host) as r, Endpoint(r, parse_host(self.hosts[host].target), self.tunnel)(
+        with self.remote(host) as r, Endpoint(r, parse_host(self.hosts[host].target), self.run.tunnel)(
                 hs.runtime.port) as url:
 
             def sample() -> Sample:
@@ -174,7 +165,7 @@ class RealOps:
         hs, paths = self.stack_of(host), self.paths(host)
         rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy="rollback")
         with self.remote(host) as r:
-            conv = converge.converger_for(hs, Endpoint(r, parse_host(self.hosts[host].target), self.tunnel),
+            conv = converge.converger_for(hs, Endpoint(r, parse_host(self.hosts[host].target), self.run.tunnel),
                                           rep, self.pull_timeout_s)
             converge.rollback(r, paths, conv, lock_ttl_s=4 * 3600)
         self.say(host, ["reverted to the incumbent: " + (rep.cause or rep.outcome)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets as _secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,26 +13,16 @@ from stackbuild.fleet.inventory import check_host_flags, fleet_of, select
 from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.plan import plan_waves
 from stackbuild.fleet.rollout import RolloutResult, Settings, run_rollout
-from stackbuild.host.ssh import SshOptions
+from stackbuild.host.session import RunOptions
 from stackbuild.spec.fleet import Fleet
-from stackbuild.spec.stack import Stack
 
 
-@dataclass
-class FleetArgs:
-    stack: Stack
-    ssh: SshOptions
+@dataclass(kw_only=True)
+class FleetArgs(RunOptions):
     hosts: list[str] | None = None
     inventory: Path | None = None
     on_failure: str | None = None
     soak_s: float | None = None
-    image: str | None = None
-    registry: str | None = None
-    profile_name: str | None = None
-    tunnel: bool | None = None
-    ledger: Path | None = None
-    root: Path | None = None
-    secrets: dict[str, str] = field(default_factory=dict)
 
 
 def settings_for(fleet: Fleet, args: FleetArgs, tolerance: float) -> Settings:
@@ -47,7 +37,7 @@ def settings_for(fleet: Fleet, args: FleetArgs, tolerance: float) -> Settings:
 
 def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print) -> int:
     from stackbuild.fleet.record import LedgerRecorder, rollouts, start_rollout
-    from stackbuild.host.session import DeployArgs, gate_profile, resolve_image
+    from stackbuild.host.session import deploy_args, gate_profile, resolve_image
     from stackbuild.results.ledger import Ledger, default_ledger_path
 
     declared, fleet = fleet_of(args.stack, args.inventory)
@@ -57,9 +47,7 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print) -> int:
     settings = settings_for(fleet, args, profile.tolerance)
     waves = plan_waves([h.name for h in hosts], fleet.waves, fleet.max_parallel)
     ledger = args.ledger or default_ledger_path(args.root or Path.cwd())
-    image, digest = resolve_image(
-        DeployArgs(stack=args.stack, host_text="", ssh=args.ssh, strategy=args.stack.host.strategy,
-                   image=args.image, registry=args.registry), echo)
+    image, digest = resolve_image(deploy_args(args, stack=args.stack, host_text=""), echo)
     with Ledger(ledger) as db:
         prior = [r for r in rollouts(db) if r.stack == args.stack.label and r.digest == digest
                  and r.image == image and r.outcome in ("running", "stopped")]
@@ -78,9 +66,7 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print) -> int:
         "a failed wave goes back to the incumbent; hosts promoted by earlier waves stay on the candidate"))
     echo(f"fleet: soak {settings.soak_s:g}s after each wave; hosts of one class must read within "
          f"{settings.outlier_tolerance:.0%} of the canary")
-    ops = RealOps(stack=args.stack, hosts={h.name: h for h in hosts}, image=image, ssh=args.ssh,
-                  registry=args.registry, profile_name=args.profile_name, tunnel=args.tunnel, ledger=ledger,
-                  root=args.root, secrets=args.secrets, echo=echo)
+    ops = RealOps(run=replace(args, ledger=ledger), hosts={h.name: h for h in hosts}, image=image, echo=echo)
     res = run_rollout(waves, ops, settings, LedgerRecorder(ledger, rollout_id), echo=echo, reference=reference)
     if res.outcome == "completed" and args.stack.host.channel:
         from stackbuild.image import registry

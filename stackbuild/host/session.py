@@ -14,7 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +32,34 @@ from stackbuild.spec.stack import Stack
 _PINNED = re.compile(r"^(?P<repo>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 
 
-@dataclass
-class DeployArgs:
+@dataclass(kw_only=True)
+class RunOptions:
+    """What a deploy and a fleet rollout are both given: the stack, how to connect, which image
+    (None: build it), where it is pushed, how it is gated and where results go."""
+
     stack: Stack
-    host_text: str
     ssh: SshOptions
-    strategy: str
     image: str | None = None
     registry: str | None = None
     profile_name: str | None = None
     tunnel: bool | None = None
     ledger: Path | None = None
     root: Path | None = None
+    secrets: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class DeployArgs(RunOptions):
+    host_text: str
+    strategy: str
     json_out: Path | None = None
     dry_run: bool = False
-    secrets: dict[str, str] = field(default_factory=dict)
+
+
+def deploy_args(opts: RunOptions, *, stack: Stack, host_text: str) -> DeployArgs:
+    """One host's deploy within a rollout: the rollout's options, that host's stack and address."""
+    common = {f.name: getattr(opts, f.name) for f in fields(RunOptions)}
+    return DeployArgs(**(common | {"stack": stack}), host_text=host_text, strategy=stack.host.strategy)
 
 
 def split_pinned(ref: str) -> tuple[str, str]:

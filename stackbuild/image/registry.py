@@ -12,6 +12,7 @@ import base64
 import os
 import re
 from dataclasses import dataclass
+from time import sleep
 
 from stackbuild.effects import http
 from stackbuild.errors import InfraError, InputError
@@ -26,6 +27,8 @@ _HOST_RE = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])(?::\d{1,5})?$")
 _REPO_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+READ_TRIES = 3
+READ_BACKOFF_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -93,10 +96,17 @@ def _request(
     user, pw = os.environ.get("STACKBUILD_REGISTRY_USER"), os.environ.get("STACKBUILD_REGISTRY_PASSWORD")
     if user and pw:
         hdrs["Authorization"] = "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
-    try:
-        reply = http.request(method, url, body=data, headers=hdrs, timeout=timeout)
-    except http.NoAnswer as err:
-        raise InfraError(f"registry {url.split('/v2/')[0]} unreachable ({err.reason}); is it running?") from None
+    # A read may race a push of the same tag: the registry's filesystem storage then answers
+    # 500 ("invalid checksum digest format") for the instant the tag's link is half written.
+    tries = READ_TRIES if method in ("GET", "HEAD") else 1
+    for attempt in range(tries):
+        try:
+            reply = http.request(method, url, body=data, headers=hdrs, timeout=timeout)
+        except http.NoAnswer as err:
+            raise InfraError(f"registry {url.split('/v2/')[0]} unreachable ({err.reason}); is it running?") from None
+        if reply.status < 500 or attempt + 1 == tries:
+            break
+        sleep(READ_BACKOFF_S * 2**attempt)
     return reply.status, reply.headers, reply.body
 
 
