@@ -11,11 +11,11 @@ STAMP = .stackbuild/install.stamp
 demo: infra install
 	$(PY) -m stackbuild demo
 
-# Six workers on two cores: the integration tests mostly wait on hosts and servers (the CPUs
+# Five workers on two cores: the integration tests mostly wait on hosts and servers (the CPUs
 # still sit about half idle). A module's tests stay together on one worker unless it says
 # PER_TEST (tests/conftest.py).
 test: infra install lint
-	$(PY) -m pytest -m "integration or not integration" -q -n 6 --dist loadgroup
+	$(PY) -m pytest -m "integration or not integration" -q -n 5 --dist loadgroup
 
 unit: install
 	$(PY) -m pytest -q
