@@ -223,6 +223,7 @@ def testhost(testhost_factory: Callable[[], TestHost]) -> Iterator[TestHost]:
     h.remove()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into group names
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist `--dist loadgroup`: a module's tests stay on one worker, in order
     (their module fixtures hold a host or a project), unless the module sets
