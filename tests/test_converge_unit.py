@@ -26,9 +26,8 @@ from helpers_deploy import (
 from stackbuild.errors import InfraError, InputError
 from stackbuild.host import converge, secrets, units
 from stackbuild.host.fake import NEVER_LISTENS, FakeHost
-from stackbuild.host.fake_base import READ_FILE_SCRIPT
 from stackbuild.host.outcome import DeployReport
-from stackbuild.host.ssh import sh_argv
+from stackbuild.host.ssh import READ_FILE_SCRIPT, sh_argv
 from stackbuild.host.state import HostState
 from stackbuild.host.unit_probe import POLL_SCRIPT
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from stackbuild.host.fake_base import READ_IF_EXISTS_SCRIPT, FakeRemote, Scripted, UnknownCommand
+from stackbuild.host.fake_base import FakeRemote, Scripted, UnknownCommand
 from stackbuild.host.fake_systemd import (
     FAILS_FIRST_GENERATION,
     NEVER_LISTENS,
@@ -39,7 +39,6 @@ from stackbuild.host.state import ACQUIRE_SCRIPT, BREAK_SCRIPT, LOCK_AGE_SCRIPT,
 __all__ = [
     "FAILS_FIRST_GENERATION",
     "NEVER_LISTENS",
-    "READ_IF_EXISTS_SCRIPT",
     "SERVES",
     "UNHEALTHY",
     "Behaviour",

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 
 from stackbuild.effects.readiness import Pace
 from stackbuild.errors import InfraError
-from stackbuild.host.ssh import ConnectionLost, RemoteResult, put_text_script, quote_argv
+from stackbuild.host.ssh import (
+    READ_FILE_SCRIPT,
+    READ_IF_EXISTS_SCRIPT,
+    ConnectionLost,
+    RemoteResult,
+    put_text_script,
+    quote_argv,
+)
 
 
 class UnknownCommand(AssertionError):
@@ -190,8 +197,3 @@ class FakeRemote:
             return self._ok(cmd, self.files[path]) if path in self.files else RemoteResult(cmd, 1, "", "")
         raise UnknownCommand(f"FakeHost does not model this script: {cmd}")
 
-
-# read_state's script (state.py writes it inline): an absent file reads as empty.
-READ_IF_EXISTS_SCRIPT = '[ ! -e "$1" ] || cat "$1"'
-# units.installed_text and secrets.read (inline there): an absent file is exit 1.
-READ_FILE_SCRIPT = '[ -e "$1" ] && cat "$1"'

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from stackbuild.host.fake_base import FakeRemote, UnknownCommand
 from stackbuild.host.ssh import RemoteResult
 from stackbuild.host.unit_probe import POLL_SCRIPT
-from stackbuild.host.units import INSTALL_SCRIPT, LOGS_SCRIPT, REMOVE_SCRIPT, SWITCH_SCRIPT
+from stackbuild.host.units import INSTALL_SCRIPT, LOGS_SCRIPT, REMOVE_SCRIPT, SWITCH_SCRIPT, image_id_argv
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,7 @@ class FakeSystemd(FakeRemote):
             return self._ok(cmd)
         if args == ["date", "+%s"]:
             return self._ok(cmd, f"{int(self.now)}\n")
-        if args[:5] == ["docker", "image", "inspect", "--format", "{{.Id}}"] and len(args) == 6:
+        if len(args) == 6 and args == image_id_argv(args[5]):
             if args[5] in self.images:
                 return self._ok(cmd, "sha256:" + args[5].rsplit(":", 1)[-1][:64] + "\n")
             return RemoteResult(cmd, 1, "", f"Error: No such image: {args[5]}")

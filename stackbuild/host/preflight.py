@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from stackbuild.errors import InfraError
 from stackbuild.host.ssh import Remote, sh_argv
+from stackbuild.host.units import image_id_argv
 from stackbuild.spec.stack import Stack
 
 NVIDIA_SMI_QUERY = [
@@ -187,7 +188,7 @@ def run_preflight(
         gpus = parse_nvidia_smi(smi.stdout) if smi.ok else []
         checks += check_gpus(stack, gpus, None if smi.ok else _one_line(smi))
     present = remote.run(
-        ["docker", "image", "inspect", "--format", "{{.Id}}", image],
+        image_id_argv(image),
         check=False,
         what="is the image already there",
         changes=False,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from stackbuild.host import units
-from stackbuild.host.ssh import Remote, sh_argv
+from stackbuild.host.ssh import READ_FILE_SCRIPT, Remote, sh_argv
 from stackbuild.host.state import HostPaths
 
 ENV_DIR = "/etc/stackbuild"
@@ -80,7 +80,7 @@ def names_in(text: str | None) -> set[str]:
 
 
 def read(remote: Remote, path: str) -> str | None:
-    res = remote.run(sh_argv('[ -e "$1" ] && cat "$1"', path), check=False, what="read the secrets file", changes=False)
+    res = remote.run(sh_argv(READ_FILE_SCRIPT, path), check=False, what="read the secrets file", changes=False)
     return res.stdout if res.ok else None
 
 

@@ -111,6 +111,12 @@ class ConnectionLost(InfraError):
     """The SSH transport died under a command (peer gone, session killed)."""
 
 
+# Reading a file on the host: an absent one reads as empty text (exit 0) ...
+READ_IF_EXISTS_SCRIPT = '[ ! -e "$1" ] || cat "$1"'
+# ... or fails (exit 1), so absent and empty stay apart.
+READ_FILE_SCRIPT = '[ -e "$1" ] && cat "$1"'
+
+
 def put_text_script() -> str:
     # The uploaded temp file is renamed over the target only after chmod, so a
     # reader sees the old file or the complete new one, never a partial one.

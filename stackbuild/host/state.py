@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from stackbuild.errors import InfraError
-from stackbuild.host.ssh import Remote, sh_argv
+from stackbuild.host.ssh import READ_IF_EXISTS_SCRIPT, Remote, sh_argv
 
 
 class _Frozen(BaseModel):
@@ -97,10 +97,6 @@ class HostPaths:
         return f"{self.base}/lock"
 
     @property
-    def secrets_file(self) -> str:
-        return f"{self.base}/secrets.env"
-
-    @property
     def staging_dir(self) -> str:
         return f"{self.base}/staging"
 
@@ -141,7 +137,7 @@ def render_state(state: HostState) -> str:
 
 def read_state(remote: Remote, paths: HostPaths) -> HostState:
     res = remote.run(
-        sh_argv('[ ! -e "$1" ] || cat "$1"', paths.state_file),
+        sh_argv(READ_IF_EXISTS_SCRIPT, paths.state_file),
         what="read host state",
         changes=False,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from stackbuild.errors import GateFailed, InfraError, InputError
-from stackbuild.host.ssh import Remote, sh_argv
+from stackbuild.host.ssh import READ_FILE_SCRIPT, Remote, sh_argv
 
 INSTALL_SCRIPT = (
     'install -m 0644 "$1" "$2.stackbuild-tmp" && mv -f "$2.stackbuild-tmp" "$2" '
@@ -132,7 +132,7 @@ def is_active(remote: Remote, unit: str) -> bool:
 
 def installed_text(remote: Remote, unit_path: str) -> str | None:
     res = remote.run(
-        sh_argv('[ -e "$1" ] && cat "$1"', unit_path),
+        sh_argv(READ_FILE_SCRIPT, unit_path),
         check=False,
         what="read the installed unit",
         changes=False,
@@ -156,10 +156,15 @@ def without_prestart_noise(logs: str, container: str) -> str:
     return "\n".join(ln for ln in logs.split("\n") if ln.strip() != noise)
 
 
+def image_id_argv(image: str) -> list[str]:
+    """The host's image id for `image`; exit 1 when the host does not have it."""
+    return ["docker", "image", "inspect", "--format", "{{.Id}}", image]
+
+
 def ensure_image(remote: Remote, image: str, timeout: float) -> bool:
     """Pull `image` unless the host has it; True when a pull happened."""
     have = remote.run(
-        ["docker", "image", "inspect", "--format", "{{.Id}}", image],
+        image_id_argv(image),
         check=False,
         what="inspect image",
         changes=False,
