@@ -102,13 +102,23 @@ def status(url: str, *, timeout: float = 3.0) -> int | None:
         return None
 
 
-def complete(url: str, prompt: str, max_tokens: int, *, model: str = "default", timeout: float = 60.0) -> str:
-    """One greedy, non-streamed OpenAI /v1/completions call; its text, or InfraError."""
-    doc = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
-    reply = post_json(url.rstrip("/") + "/v1/completions", doc, timeout=timeout)
-    if reply.status != 200:
-        raise BadAnswer(f"POST {url}/v1/completions: HTTP {reply.status}: {reply.body[:200]!r}")
+def completion_request(prompt: str, max_tokens: int, model: str = "default") -> dict[str, Any]:
+    """The body of one greedy, non-streamed OpenAI /v1/completions call."""
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+
+
+def completion_text(url: str, status: int, body: bytes) -> str:
+    """The text of a /v1/completions answer, or BadAnswer saying what came instead."""
+    if status != 200:
+        raise BadAnswer(f"POST {url}/v1/completions: HTTP {status}: {body[:200]!r}")
     try:
-        return str(reply.json()["choices"][0]["text"])
+        return str(json.loads(body.decode("utf-8", errors="replace"))["choices"][0]["text"])
     except (ValueError, KeyError, IndexError, TypeError):
-        raise BadAnswer(f"POST {url}/v1/completions: unexpected answer {reply.body[:200]!r}") from None
+        raise BadAnswer(f"POST {url}/v1/completions: unexpected answer {body[:200]!r}") from None
+
+
+def complete(url: str, prompt: str, max_tokens: int, *, model: str = "default", timeout: float = 60.0) -> str:
+    """One greedy, non-streamed /v1/completions call; its text, or an HttpFailure."""
+    url = url.rstrip("/")
+    reply = post_json(url + "/v1/completions", completion_request(prompt, max_tokens, model), timeout=timeout)
+    return completion_text(url, reply.status, reply.body)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import aiohttp
 
+from stackbuild.effects import http
 from stackbuild.errors import InfraError
 from stackbuild.gate.result import ProbeResult
 
@@ -61,18 +62,13 @@ async def fetch_outputs(
 async def _complete(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, model: str) -> str:
     """One greedy /v1/completions call on the gate's own async client (the probe runs under the
     gate's deadline, and only a coroutine can be cut off there)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+    request = http.completion_request(prompt, max_tokens, model)
     try:
-        async with session.post(url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=60)) as r:
-            data = await r.json(content_type=None)
-            if r.status != 200:
-                raise InfraError(f"POST {url}/v1/completions: HTTP {r.status}: {str(data)[:200]}")
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
-        raise InfraError(f"POST {url}/v1/completions failed: {type(err).__name__}: {err}") from None
-    try:
-        return str(data["choices"][0]["text"])
-    except (KeyError, IndexError, TypeError):
-        raise InfraError(f"POST {url}/v1/completions: unexpected answer {str(data)[:200]}") from None
+        async with session.post(url + "/v1/completions", json=request, timeout=aiohttp.ClientTimeout(total=60)) as r:
+            status, body = r.status, await r.read()
+    except (aiohttp.ClientError, OSError, TimeoutError) as err:
+        raise http.NoAnswer("POST", f"{url}/v1/completions", f"{type(err).__name__}: {err}") from None
+    return http.completion_text(url, status, body)
 
 
 async def run_probe(
