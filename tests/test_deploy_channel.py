@@ -8,15 +8,11 @@ the channel is stale and how to move it, and exit 4 — no rollback.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from test_deploy_support import (
-    HostBox,
     Project,
-    SimImage,
     deploy_host,  # noqa: F401  (fixture)
-    running_project,
+    project_fixture,
     sim_image,  # noqa: F401  (fixture)
 )
 from test_push_retry import FlakyRegistry, flaky  # noqa: F401  (fixture)
@@ -24,11 +20,7 @@ from test_push_retry import FlakyRegistry, flaky  # noqa: F401  (fixture)
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("channel")) as p:
-        yield p
+project = project_fixture("channel")
 
 
 def test_registry_down_at_channel_move_keeps_the_promotion(project: Project,

@@ -10,33 +10,26 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_deploy_support import (
     Client,
-    HostBox,
     Project,
-    SimImage,
     assert_incumbent_unchanged,
     deploy_host,  # noqa: F401  (fixture)
     ensure_incumbent,
     free_port,
+    project_fixture,
     record_figure,
     reported_downtime,
-    running_project,
     sim_image,  # noqa: F401  (fixture)
 )
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("deployproj")) as p:
-        yield p
+project = project_fixture("deployproj")
 
 
 def test_first_deploy_promotes_then_status(project: Project) -> None:

@@ -8,29 +8,24 @@ own project (service) on the worker's host.
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 from test_deploy_support import (
     HostBox,
     Project,
-    SimImage,
     assert_incumbent_unchanged,
     deploy_host,  # noqa: F401  (fixture)
     ensure_incumbent,
-    running_project,
+    project_fixture,
     sim_image,  # noqa: F401  (fixture)
 )
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("interrupted")) as p:
-        yield p
+project = project_fixture("interrupted")
 
 
 def _wait_for(pred: object, timeout: float, what: str) -> None:
@@ -45,6 +40,13 @@ def _wait_for(pred: object, timeout: float, what: str) -> None:
 def _pending(p: Project) -> bool:
     st = p.state()
     return bool(st.get("pending"))
+
+
+def _swap_started(p: Project) -> subprocess.Popen[str]:
+    """A slow-loading swap deploy, returned once it marked the host and started its candidate."""
+    proc = p.popen("slowload", "--strategy", "swap")
+    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 60, "the candidate to start")
+    return proc
 
 
 def test_concurrent_deploy_refused_by_lock(project: Project) -> None:
@@ -66,9 +68,7 @@ def test_concurrent_deploy_refused_by_lock(project: Project) -> None:
 def test_stackbuild_killed_mid_deploy_rerun_converges(project: Project) -> None:
     p = project
     before = ensure_incumbent(p)
-    proc = p.popen("slowload", "--strategy", "swap")
-    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 60,
-              "the candidate to start")
+    proc = _swap_started(p)
     # anywhere from here the kill leaves the marker and the lock behind; no need to aim
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
@@ -94,9 +94,7 @@ def _kill_ssh_sessions(host: HostBox) -> int:
 def test_ssh_killed_mid_deploy_restores_then_rerun_converges(project: Project) -> None:
     p = project
     before = ensure_incumbent(p)
-    proc = p.popen("slowload", "--strategy", "swap")
-    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 60,
-              "the candidate to start")
+    proc = _swap_started(p)
     assert _kill_ssh_sessions(p.host) >= 1
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 4, out

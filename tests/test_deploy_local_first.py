@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_deploy_support import (
-    HostBox,
     Project,
-    SimImage,
     deploy_host,  # noqa: F401  (fixture)
-    running_project,
+    project_fixture,
     sim_image,  # noqa: F401  (fixture)
 )
 
@@ -22,11 +19,7 @@ pytestmark = pytest.mark.integration
 ONE_LINE = re.compile(r"^stackbuild: .+$|^\S+:\d+:\d+: error: .+$")
 
 
-@pytest.fixture(scope="module")
-def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("localfirst"), deployed=True) as p:
-        yield p
+project = project_fixture("localfirst", deployed=True)
 
 
 def _refused_untouched(p: Project, args: list[str], code: int, needle: str) -> None:

@@ -5,17 +5,14 @@ incumbent before the command exits. Both report the incumbent's downtime."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 
 import pytest
 from test_deploy_support import (
-    HostBox,
     Project,
-    SimImage,
     deploy_host,  # noqa: F401  (fixture)
+    project_fixture,
     record_figure,
     reported_downtime,
-    running_project,
     sim_image,  # noqa: F401  (fixture)
 )
 
@@ -27,11 +24,7 @@ VARIANTS = (
 )
 
 
-@pytest.fixture(scope="module")
-def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("stall"), VARIANTS, deployed=True) as p:
-        yield p
+project = project_fixture("stall", VARIANTS, deployed=True)
 
 
 def _restored(p: Project, before: object) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -302,6 +303,20 @@ def running_project(host: HostBox, image: SimImage, root: Path, variants: str = 
         yield p
     finally:
         cleanup_project(p)
+
+
+def project_fixture(name: str, variants: str = "", *, deployed: bool = False) -> Any:
+    """A module's `project` fixture: `project = project_fixture("name")` in the test module,
+    which also imports the `deploy_host` and `sim_image` fixtures it asks for."""
+
+    @pytest.fixture(scope="module")
+    def project(deploy_host: HostBox, sim_image: SimImage,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+        with running_project(deploy_host, sim_image, tmp_path_factory.mktemp(name), variants,
+                             deployed=deployed) as p:
+            yield p
+
+    return project
 
 
 def ensure_incumbent(p: Project) -> dict[str, object]:

@@ -6,28 +6,21 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 from test_deploy_support import (
     Client,
-    HostBox,
     Project,
-    SimImage,
     deploy_host,  # noqa: F401  (fixture)
+    project_fixture,
     record_figure,
-    running_project,
     sim_image,  # noqa: F401  (fixture)
 )
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("switch"), deployed=True) as p:
-        yield p
+project = project_fixture("switch", deployed=True)
 
 
 def test_side_by_side_promotes_through_one_transaction(project: Project) -> None:

@@ -6,27 +6,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from test_deploy_support import (
-    HostBox,
     Project,
-    SimImage,
     deploy_host,  # noqa: F401  (fixture)
-    running_project,
+    project_fixture,
     sim_image,  # noqa: F401  (fixture)
 )
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def project(deploy_host: HostBox, sim_image: SimImage,  # noqa: F811
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
-    with running_project(deploy_host, sim_image, tmp_path_factory.mktemp("small"), deployed=True) as p:
-        yield p
+project = project_fixture("small", deployed=True)
 
 
 def _cli(p: Project, *args: str) -> subprocess.CompletedProcess[str]:
