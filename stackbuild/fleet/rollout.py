@@ -131,13 +131,15 @@ def run_rollout(
         echo(f"fleet: {outcome}: {cause}")
         return res
 
-    echo(f"fleet: preflight of {len(everyone)} host(s)")
-    pre = each(everyone, ops.preflight, settings.pull_parallel)
-    bad = {h: _why(r) for h, r in pre.items() if r is not None}
-    if bad:
+    def refused(step: str, results: Mapping[str, object]) -> str:
+        """Mark every host whose `step` reported a problem; their names, or "" when none did."""
+        bad = {h: _why(r) for h, r in results.items() if r is not None}
         for h, why in bad.items():
-            res.rows[h].outcome, res.rows[h].detail = "refused", f"preflight: {why}"
-        names = ", ".join(sorted(bad))
+            res.rows[h].outcome, res.rows[h].detail = "refused", f"{step}: {why}"
+        return ", ".join(sorted(bad))
+
+    echo(f"fleet: preflight of {len(everyone)} host(s)")
+    if names := refused("preflight", each(everyone, ops.preflight, settings.pull_parallel)):
         return stop("refused", EXIT_INFRA, f"preflight failed on {names}; no host was changed")
 
     views = each(everyone, ops.view, settings.pull_parallel)
@@ -155,12 +157,8 @@ def run_rollout(
 
     todo = [h for h in everyone if h not in done]
     echo(f"fleet: pulling the candidate on {len(todo)} host(s), {settings.pull_parallel} at a time")
-    pulled = each(todo, ops.pull, settings.pull_parallel)
-    bad = {h: _why(r) for h, r in pulled.items() if r is not None}
-    if bad:
-        for h, why in bad.items():
-            res.rows[h].outcome, res.rows[h].detail = "refused", f"pull: {why}"
-        return stop("refused", EXIT_INFRA, f"pull failed on {', '.join(sorted(bad))}; no service was changed")
+    if names := refused("pull", each(todo, ops.pull, settings.pull_parallel)):
+        return stop("refused", EXIT_INFRA, f"pull failed on {names}; no service was changed")
 
     ref = dict(reference or {})
     ref_host = waves[0][0]
