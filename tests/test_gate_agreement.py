@@ -31,23 +31,23 @@ def test_request_bodies() -> None:
 
 def _forced(prompt: list[int], output: list[int], numerics: Numerics) -> float:
     """What the server answers to forced_body: drop the leading None, average the rest."""
-    scored = lm.score([*prompt, *output], len(prompt) - 1, numerics)
+    scored, _ = lm.score([*prompt, *output], len(prompt) - 1, numerics)
     assert scored[0] is None and len(scored) == len(output) + 1
     return sum(x for x in scored[1:] if x is not None) / len(output)
 
 
 def test_teacher_forcing_reproduces_the_generating_logprobs() -> None:
     prompt = [1234, 2345, 3456, 4567]
-    ids, lps = lm.greedy(lm.start(None, prompt), 64)
+    ids, lps, _ = lm.greedy(lm.start(None, prompt), 64)
     assert _forced(prompt, ids, Numerics()) == pytest.approx(sum(lps) / 64)
     assert all(-1.0 < x < 0 for x in lps)  # greedy picks the top token, p >= 0.42
 
 
 def test_numerics_benign_divergence_and_drift() -> None:
     ps = prompts(0, 32)
-    ref = [lm.greedy(lm.start(None, p), 32) for p in ps]
-    div = [lm.greedy(lm.start(None, p), 32, Numerics("diverge", 4)) for p in ps]
-    drift = [lm.greedy(lm.start(None, p), 32, Numerics("drift")) for p in ps]
+    ref = [lm.greedy(lm.start(None, p), 32)[:2] for p in ps]
+    div = [lm.greedy(lm.start(None, p), 32, Numerics("diverge", 4))[:2] for p in ps]
+    drift = [lm.greedy(lm.start(None, p), 32, Numerics("drift"))[:2] for p in ps]
     pre = [prefix_len(r[0], d[0]) for r, d in zip(ref, div, strict=True)]
     assert min(pre) >= 4 and any(x < 32 for x in pre)  # parts ways at a near tie after token 4
     own = sum(sum(r[1]) / 32 for r in ref) / 32
@@ -96,9 +96,12 @@ def test_compare_tolerates_divergence_and_catches_low_likelihood() -> None:
 
 def test_the_fast_path_gives_the_same_tokens() -> None:
     state = lm.start(None, [7, 8, 9])
-    fast, none = lm.greedy(state, 200, logprobs=False)
-    full, lps = lm.greedy(state, 200)
+    fast, none, _ = lm.greedy(state, 200, logprobs=False)
+    full, lps, tops = lm.greedy(state, 200, top_k=3)
     assert fast == full and none == [] and len(lps) == 200
+    # the top-k starts with the greedy token and its logprob, most likely first
+    assert [t[0] for t in tops] == [(lp, i) for lp, i in zip(lps, full, strict=True)]
+    assert all(len(t) == 3 and t[0][0] >= t[1][0] >= t[2][0] for t in tops)
 
 
 def test_junit_has_an_agreement_case_that_fails_with_its_reasons() -> None:
