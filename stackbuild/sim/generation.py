@@ -26,16 +26,16 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from stackbuild.sim import api, lm, shapes
-from stackbuild.sim.scheduler import SimRequest
+from stackbuild.sim.calibration import SimProfile
+from stackbuild.sim.faults import Fault
+from stackbuild.sim.metrics import Metrics
+from stackbuild.sim.scheduler import Engine, SimRequest
 from stackbuild.sim.text import VOCAB, detokenize, greedy_ids
-
-if TYPE_CHECKING:
-    from stackbuild.sim.server import SimServer
 
 STOP_ID = VOCAB.index(".")
 WAIT_TIMEOUT_S = 4.0  # SGLANG_REQUEST_STATE_WAIT_TIMEOUT (environ.py:1679)
@@ -64,9 +64,23 @@ def _gone(request: web.Request) -> bool:
     return t is None or t.is_closing()
 
 
+@dataclass
+class Serving:
+    """What the generation routes need of the server."""
+
+    fault: Fault
+    model_name: str
+    context_length: int
+    reserved_tokens: int  # output slots EAGLE reserves on top of the input
+    profile: SimProfile
+    engine: Engine
+    hist: Metrics
+    generations: int = 0
+
+
 class Generation:
-    def __init__(self, server: SimServer) -> None:
-        self.s = server
+    def __init__(self, serving: Serving) -> None:
+        self.s = serving
 
     # ---- request -> jobs -------------------------------------------------------
     async def serve(self, request: web.Request, route: api.Route) -> web.StreamResponse:
@@ -82,10 +96,10 @@ class Generation:
                 body = await request.json()
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise api.BadRequest("JSON decode error", "validation") from None
-            parsed = api.parse(route, body, uuid.uuid4().hex, s.opts.model_name,
-                               default_system=s.opts.fault.default_system)
+            parsed = api.parse(route, body, uuid.uuid4().hex, s.model_name,
+                               default_system=s.fault.default_system)
             for p in parsed.items:
-                api.check_context(p, s.opts.context_length, s.reserved_tokens)
+                api.check_context(p, s.context_length, s.reserved_tokens)
         except api.BadRequest as err:
             if route == "generate" and err.shape == "value" and isinstance(body, dict) \
                     and body.get("stream"):
@@ -94,7 +108,7 @@ class Generation:
         # no warmup check: sglang's /generate serves as soon as the port is open; only
         # /health and /health_generate answer 503 while the server is Starting
         s.generations += 1
-        fault = s.opts.fault
+        fault = s.fault
         if fault.name == "die-after" and s.generations > fault.after:
             # a crash, not a shutdown: in-flight streams are cut mid-way
             sys.stderr.write(f"sim: fault die-after:{fault.after}: dying now\n")
@@ -125,7 +139,7 @@ class Generation:
         if p.temperature <= 0:
             state = lm.start(p.text, None if p.ids is None else list(p.ids))
             limit = p.max_new_tokens if p.max_new_tokens is not None else \
-                self.s.opts.context_length - p.prompt_tokens
+                self.s.context_length - p.prompt_tokens
             ids, lps, tops = lm.greedy(state, limit, numerics,
                                        stop=None if p.ignore_eos else STOP_ID,
                                        logprobs=p.return_logprob, prompt_len=p.prompt_tokens,
@@ -134,7 +148,7 @@ class Generation:
             ids = greedy_ids(p.key, 4096 if p.max_new_tokens is None else p.max_new_tokens,
                              temperature=p.temperature, rid=p.rid)
         stopped = False
-        fault = self.s.opts.fault
+        fault = self.s.fault
         if fault.name == "garbage" and fault.garbage == "repeat":
             ids = [0] * len(ids)  # what NaN logits look like after argmax
         elif not p.ignore_eos and STOP_ID in ids:
@@ -146,7 +160,7 @@ class Generation:
     # ---- answers -----------------------------------------------------------------
     def _text(self, ids: list[int], *, first: bool = True) -> str:
         """The text of output ids; `first`: they start the output (a delta does not)."""
-        fault = self.s.opts.fault
+        fault = self.s.fault
         g = fault.garbage if fault.name == "garbage" else None
         if g == "empty":
             return ""
@@ -240,7 +254,7 @@ class Generation:
         created = int(time.time())
         steps = await self._steps(jobs)
         left = sum(1 for j in jobs if j.req.token_ids)
-        stall = s.opts.fault.name == "stall-stream"
+        stall = s.fault.name == "stall-stream"
         last: dict[int, float] = {}
         while left:
             j, n = await steps.get()

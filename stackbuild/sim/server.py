@@ -21,7 +21,7 @@ from aiohttp import web
 from stackbuild.sim import metrics, shapes
 from stackbuild.sim.calibration import PROFILES, SimProfile
 from stackbuild.sim.faults import Fault
-from stackbuild.sim.generation import Generation
+from stackbuild.sim.generation import Generation, Serving
 from stackbuild.sim.scheduler import Engine, SimRequest
 
 SGLANG_VERSION = "0.5.23"
@@ -62,9 +62,9 @@ class SimServer:
         self.engine = Engine(self.profile, speed=opts.speed, seed=opts.seed, slow=opts.fault.slow)
         self.hist = metrics.Metrics()
         self.up = False
-        self.generations = 0
         self.started_at = time.time()
-        self.gen = Generation(self)
+        self.gen = Generation(Serving(opts.fault, opts.model_name, opts.context_length,
+                                      self.reserved_tokens, self.profile, self.engine, self.hist))
 
     @property
     def reserved_tokens(self) -> int:
