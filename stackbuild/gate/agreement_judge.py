@@ -97,8 +97,9 @@ def compare_ids(name: str, ref: Sequence[AgreementSample], cand: Sequence[Agreem
         kls += k
     overlap = statistics.fmean(overlaps) if overlaps else None
     kl = statistics.fmean(kls) if kls else None
+    # a stored reference from before texts were kept has none: nothing to compare with
     other = [i for i, (r, c) in enumerate(zip(ref, cand, strict=True))
-             if r.output == c.output and r.text != c.text]
+             if r.text and r.output == c.output and r.text != c.text]
     label = _part_label(name, input_len, tokens, concurrency)
     reasons = []
     if other:
