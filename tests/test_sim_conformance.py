@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -76,10 +78,23 @@ def test_models_routes() -> None:
 
 def test_error_shapes_and_content_type() -> None:
     with sim("--speed", "20") as s:
-        # http_server.py:2246-2250 _create_error_response: /generate errors are {"error": {...}}
+        # io_struct.py:188-191 + utils/field_validators.py:65-66: a str input_ids fails the
+        # request model, so FastAPI's RequestValidationError handler answers (http_server.py:
+        # 635-692): an ErrorResponse with type "Bad Request", not /generate's {"error": ...}
         status, raw = http(s.url + "/generate", {"input_ids": "x"})
-        assert status == 400 and set(json.loads(raw)) == {"error"}
-        assert "message" in json.loads(raw)["error"]
+        body = json.loads(raw)
+        assert status == 400 and (body["object"], body["type"], body["code"]) == (
+            "error", "Bad Request", 400)
+        assert "must be list or null; got str" in body["message"]
+        # http_server.py:936-939: the JSON contract (api/v1/api_types.py, SamplingParams rejects
+        # unknown keys) answers {"error": "<serde text>"}
+        status, raw = http(s.url + "/generate", {"input_ids": [1], "sampling_params": {"max_new": 1}})
+        assert status == 400 and json.loads(raw)["error"].startswith("unknown field `max_new`")
+        # http_server.py:988-990 + :2246-2250: a ValueError while serving is {"error": {"message"}}
+        status, raw = http(s.url + "/generate", {"input_ids": [1], "sampling_params":
+                                                 {"max_new_tokens": -1}})
+        assert status == 400 and json.loads(raw) == {"error": {
+            "message": "max_new_tokens must be at least 0, got -1."}}
         # http_server.py:695-708 + :1860,1870 validate_json_request, :636-690 handler:
         # OpenAI routes reject a non-JSON Content-Type with 400 and an ErrorResponse
         # (openai/protocol.py:106-111)
@@ -135,13 +150,19 @@ def test_generate_logprobs_and_final_only_meta() -> None:
 
 def test_openai_routes() -> None:
     with sim("--speed", "20") as s:
-        # openai/serving_chat.py:2582-2591: the first chunk is {role: assistant, content: ""}
+        # openai/sse_utils.py:13-26: every delta carries reasoning_content (null); the first
+        # chunk is {role: assistant, content: ""} (serving_chat.py:2569-2583), content chunks
+        # have no finish_reason (:1031-1050), one last chunk carries only it (:2609-2626)
         status, raw = http(s.url + "/v1/chat/completions", {
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True})
         chunks = sse(raw)
-        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-        assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:] if c["choices"])
-        assert "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"])
+        assert chunks[0]["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant",
+                                                    "content": ""}
+        assert all(c["choices"][0]["delta"]["reasoning_content"] is None for c in chunks)
+        assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
+        assert [c["choices"][0]["finish_reason"] for c in chunks[1:]] == [None] * 4 + ["length"]
+        assert chunks[-1]["choices"][0]["delta"] == {"reasoning_content": None}
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
         # openai/protocol.py:378: completions max_tokens defaults to 16
         status, raw = http(s.url + "/v1/completions", {"prompt": "a b", "ignore_eos": True})
         assert json.loads(raw)["usage"]["completion_tokens"] == 16
@@ -172,3 +193,76 @@ def test_metrics_only_when_enabled_with_sglangs_labels_and_server_info() -> None
                 'pp_rank="0",moe_ep_rank="0"}') in text
         assert 'sglang:time_to_first_token_seconds_bucket{model_name="m",engine_type="unified"' \
             in text
+
+
+def test_flush_cache_batches_and_refusals() -> None:
+    with sim("--speed", "20", "--context-length", "1000") as s:
+        # http_server.py:1025-1040: GET or POST, 200 with this text when idle
+        status, raw = http(s.url + "/flush_cache", {})
+        assert status == 200 and raw.decode().startswith("Cache flushed.\n")
+        # a two-prompt batch is two choices (serving_completions.py:532-646) ...
+        status, raw = http(s.url + "/v1/completions", {"prompt": ["a b", "c d e"], "max_tokens": 3,
+                                                       "temperature": 0})
+        out = json.loads(raw)
+        assert status == 200 and [c["index"] for c in out["choices"]] == [0, 1]
+        assert out["usage"]["prompt_tokens"] == 5 and out["usage"]["completion_tokens"] == 6
+        # ... and a list of answers on /generate (tokenizer_manager.py:2079-2140)
+        status, raw = http(s.url + "/generate", {"input_ids": [[1, 2], [3, 4]],
+                                                 "sampling_params": {"max_new_tokens": 2}})
+        assert status == 200 and [len(o["output_ids"]) for o in json.loads(raw)] == [2, 2]
+        # protocol.py:448-453 max_tokens must be positive; serving_completions.py:63-69
+        for body in ({"prompt": "x", "max_tokens": 0}, {"prompt": ""}):
+            status, raw = http(s.url + "/v1/completions", body)
+            assert status == 400 and json.loads(raw)["object"] == "error"
+        # tokenizer_manager.py:1338-1351: a prompt as long as the context is refused; a
+        # streamed /generate has sent its 200 already and says it as an event
+        # (http_server.py:960-979)
+        too_long = {"input_ids": list(range(1000)), "sampling_params": {"max_new_tokens": 1}}
+        status, raw = http(s.url + "/generate", too_long)
+        assert status == 400 and json.loads(raw)["error"]["message"] == (
+            "The input (1000 tokens) is longer than the model's context length (1000 tokens).")
+        status, raw = http(s.url + "/generate", {**too_long, "stream": True})
+        assert status == 200 and sse(raw)[0]["error"]["code"] == 400
+        status, raw = http(s.url + "/v1/completions", {"prompt": list(range(1000)), "stream": True})
+        assert status == 400 and "longer than the model's context length" in json.loads(raw)["message"]
+
+
+def _post_raw(port: int, path: str, body: dict[str, object]) -> socket.socket:
+    data = json.dumps(body)
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall((f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(data)}\r\n\r\n{data}").encode())
+    return sock
+
+
+def test_disconnected_request_is_aborted_and_streams_answer_with_the_first_token() -> None:
+    with sim("--speed", "0.5", "--enable-metrics") as s:
+        sock = _post_raw(s.port, "/generate", {"input_ids": [1, 2],
+                                               "sampling_params": {"max_new_tokens": 500}})
+        time.sleep(1.0)
+        state = json.loads(http(s.url + "/server_info")[1])["internal_states"][0]
+        assert state["num_running_reqs"] == 1
+        sock.close()  # tokenizer_manager.py:2065-2077: the running request is aborted
+        time.sleep(1.0)
+        state = json.loads(http(s.url + "/server_info")[1])["internal_states"][0]
+        assert state["num_running_reqs"] == 0
+        # serving_completions.py:197-223: the 200 (headers) comes with the first chunk; at
+        # --speed 0.5 the prefill of 3000 tokens takes long enough to see the headers wait
+        sock = _post_raw(s.port, "/v1/completions", {"prompt": list(range(3000)), "max_tokens": 2,
+                                                     "stream": True})
+        t0 = time.monotonic()
+        head = sock.recv(4096)
+        waited = time.monotonic() - t0
+        sock.close()
+        assert head.startswith(b"HTTP/1.1 200") and b"data: " in head
+        assert waited > 0.1
+        # metrics_collector.py:2041-2071: TTFT and e2e carry is_streaming
+        http(s.url + "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}})
+        text = http(s.url + "/metrics")[1].decode()
+        lb = 'model_name="sim/model",engine_type="unified"'
+        for name, flag in (("e2e_request_latency_seconds", "false"),
+                           ("time_to_first_token_seconds", "true"),
+                           ("time_to_first_token_seconds", "false")):
+            assert f'sglang:{name}_count{{{lb},is_streaming="{flag}"}}' in text
+        # :2052-2057: inter-token latency has no is_streaming
+        assert f"sglang:inter_token_latency_seconds_count{{{lb}}}" in text

@@ -123,21 +123,76 @@ def test_greedy_text_is_a_function_of_the_prompt() -> None:
 def test_parse_requests() -> None:
     g = api.parse("generate", {"input_ids": [1, 2, 3], "stream": True,
                                "sampling_params": {"max_new_tokens": 7, "ignore_eos": True}},
-                  "r1", "m")
+                  "r1", "m").items[0]
     assert (g.prompt_tokens, g.max_new_tokens, g.ignore_eos, g.stream, g.rid) == (3, 7, True,
                                                                                   True, "r1")
     c = api.parse("completions", {"prompt": "a b c", "max_tokens": 4,
-                                  "stream_options": {"include_usage": True}}, "r2", "m")
+                                  "stream_options": {"include_usage": True}}, "r2", "m").items[0]
     assert (c.prompt_tokens, c.max_new_tokens, c.include_usage, c.model) == (3, 4, True, "m")
-    ch = api.parse("chat", {"messages": [{"role": "user", "content": "hi"}]}, "r3", "m")
+    ch = api.parse("chat", {"messages": [{"role": "user", "content": "hi"}]}, "r3", "m").items[0]
     # sglang 0.5.23 openai/protocol.py:928: chat max_tokens defaults to None (until EOS)
     assert ch.max_new_tokens is None
-    assert api.parse("completions", {"prompt": "x", "max_tokens": 0}, "r", "m").max_new_tokens == 0
-    for route, body in [("completions", {"prompt": {"a": 1}}), ("chat", {"messages": []}),
-                        ("generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}),
-                        ("generate", {"input_ids": [1], "logprob_start_len": -2})]:
-        with pytest.raises(api.BadRequest):
-            api.parse(route, body, "r", "m")  # type: ignore[arg-type]
+    assert ch.text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_batches_are_one_params_per_prompt() -> None:
+    # io_struct.py:185-191 text: list[str], input_ids: list[list[int]]; protocol.py:371 prompt
+    for route, body in [("generate", {"input_ids": [[1, 2], [3, 4, 5]]}),
+                        ("generate", {"text": ["a", "b c"]}),
+                        ("completions", {"prompt": ["a", "b c"]}),
+                        ("completions", {"prompt": [[1, 2], [3, 4, 5]]})]:
+        parsed = api.parse(route, body, "r", "m")  # type: ignore[arg-type]
+        assert parsed.batch and [p.index for p in parsed.items] == [0, 1]
+        assert [p.rid for p in parsed.items] == ["r_0", "r_1"]
+        assert parsed.items[0].key != parsed.items[1].key
+    single = api.parse("completions", {"prompt": [1, 2, 3]}, "r", "m")
+    assert not single.batch and single.items[0].ids == (1, 2, 3)
+
+
+@pytest.mark.parametrize(("route", "body", "shape", "text"), [
+    # protocol.py:448-453: max_tokens must be positive, a pydantic validation error
+    ("completions", {"prompt": "x", "max_tokens": 0}, "validation", "max_tokens must be positive"),
+    # serving_completions.py:63-69
+    ("completions", {"prompt": ""}, "value", "Prompt cannot be empty"),
+    ("completions", {"prompt": ["", ""]}, "value", "Prompt cannot be empty"),
+    ("completions", {"prompt": {"a": 1}}, "validation", "prompt"),
+    ("chat", {"messages": []}, "value", "Messages cannot be empty."),
+    # field_validators.py:65-66
+    ("generate", {"input_ids": "x"}, "validation", "must be list or null; got str"),
+    # api/v1/api_types.py: SamplingParams rejects unknown keys, serde's text
+    ("generate", {"input_ids": [1], "sampling_params": {"max_new_token": 1}}, "contract",
+     "unknown field `max_new_token`, expected one of `max_new_tokens`"),
+    ("generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": "x"}}, "contract",
+     'invalid type: string "x", expected i64'),
+    # sampling_params.py:286-289
+    ("generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, "value",
+     "max_new_tokens must be at least 0, got -1."),
+])
+def test_refusals_and_their_shapes(route: str, body: dict[str, object], shape: str,
+                                   text: str) -> None:
+    with pytest.raises(api.BadRequest) as err:
+        api.parse(route, body, "r", "m")  # type: ignore[arg-type]
+    assert err.value.shape == shape and text in str(err.value)
+
+
+def test_error_bodies_and_context_refusal() -> None:
+    from stackbuild.sim import shapes
+
+    bad = api.BadRequest("boom", "contract")
+    assert shapes.error_body("generate", bad) == {"error": "boom"}
+    assert shapes.error_body("generate", api.BadRequest("boom")) == {"error": {"message": "boom"}}
+    assert shapes.error_body("completions", api.BadRequest("boom")) == {
+        "object": "error", "message": "boom", "type": "BadRequestError", "param": None, "code": 400}
+    assert shapes.error_body("generate", api.BadRequest("boom", "validation"))["type"] == \
+        "Bad Request"
+    p = api.parse("generate", {"input_ids": list(range(10)),
+                               "sampling_params": {"max_new_tokens": 6}}, "r", "m").items[0]
+    api.check_context(p, 16, 0)
+    with pytest.raises(api.BadRequest, match=r"You requested a total of 17 tokens: 11 tokens"):
+        api.check_context(p, 16, 1)
+    with pytest.raises(api.BadRequest, match=r"The input \(10 tokens\) is longer than the "
+                                             r"model's context length \(10 tokens\)\."):
+        api.check_context(p, 10, 0)
 
 
 @pytest.mark.parametrize(("args", "msg"), [

@@ -56,8 +56,10 @@ def test_streaming_shapes_and_usage() -> None:
             "prompt": [11, 12, 13], "max_tokens": 20, "temperature": 0, "ignore_eos": True})
         whole = json.loads(raw)
         assert whole["choices"][0]["text"] == streamed  # greedy is deterministic
+        # openai/protocol.py:221-229 UsageInfo, every field serialized
         assert whole["usage"] == {"prompt_tokens": 3, "completion_tokens": 20,
-                                  "total_tokens": 23, "prompt_tokens_details": None}
+                                  "total_tokens": 23, "prompt_tokens_details": None,
+                                  "reasoning_tokens": 0, "completion_tokens_details": None}
 
         status, raw = http(s.url + "/generate", {
             "input_ids": [11, 12, 13], "stream": True,

@@ -17,7 +17,8 @@ from stackbuild.errors import InputError
               help="baseline, eagle3-topk1-v2 or eagle3-topk4-v1")
 @click.option("--fault", default=None,
               help="crash-on-start, never-ready, fail-first-generation, garbage[:repeat|empty|fffd], "
-                   "slow:FACTOR, die-after:N, stall-stream, diverge:N, drift")
+                   "slow:FACTOR, die-after:N, stall-stream, diverge:N, drift, detokenizer, "
+                   "chat-template, long-context:N, concurrency:K")
 @click.option("--speed", default=1.0, show_default=True, type=click.FloatRange(min=0.001),
               help="multiplies every rate (tok/s) of the timing model")
 @click.option("--warmup-s", default=1.0, show_default=True, type=click.FloatRange(min=0),
@@ -31,10 +32,12 @@ from stackbuild.errors import InputError
               help="cap on running requests, as in sglang (default: 48 with speculation, else 1024)")
 @click.option("--enable-metrics", is_flag=True,
               help="serve /metrics (Prometheus), as sglang does only with this flag")
+@click.option("--context-length", default=262144, show_default=True, type=click.IntRange(min=2),
+              help="longest prompt + output in tokens; longer ones are refused, as in sglang")
 def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
             warmup_s: float, load_s: float, seed: int, model_path: str,
             served_model_name: str | None, max_running_requests: int | None,
-            enable_metrics: bool) -> None:
+            enable_metrics: bool, context_length: int) -> None:
     """Run the SGLang-compatible simulated server (no GPU)."""
     import asyncio
 
@@ -53,7 +56,7 @@ def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
     opts = SimOptions(host=host, port=port, profile=profile, speed=speed, fault=parsed,
                       warmup_s=warmup_s, load_s=load_s, seed=seed, model_path=model_path,
                       served_model_name=served_model_name, max_running_requests=max_running_requests,
-                      enable_metrics=enable_metrics)
+                      enable_metrics=enable_metrics, context_length=context_length)
     try:
         rc = asyncio.run(serve(opts))
     except OSError as err:

@@ -3,9 +3,6 @@ and the traffic-weighted change. Each returns its part of the GateResult."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from stackbuild.errors import InfraError
 from stackbuild.gate import agreement, capacity, traffic
 from stackbuild.gate.result import (
     AgreementResult,
@@ -20,31 +17,11 @@ from stackbuild.spec.profile import GateProfile
 
 
 async def agreement_check(url: str, inc_url: str | None, baseline: GateResult | None,
-                     profile: GateProfile) -> AgreementResult | None:
-    """Candidate's greedy outputs and likelihoods against the incumbent's (live or stored)."""
-    n, tokens = profile.agreement_prompts, profile.agreement_tokens
-    if n == 0:
-        return None
-    try:
-        mine = await agreement.collect(url, profile.seed, n, tokens, profile.timeout_s)
-        reference: tuple[Any, ...] = ()
-        if inc_url:
-            reference = await agreement.collect(inc_url, profile.seed, n, tokens, profile.timeout_s)
-        elif baseline is not None and baseline.agreement is not None:
-            reference = baseline.agreement.samples
-        if reference and [r.prompt for r in reference] != [m.prompt for m in mine]:
-            note = ("agreement: the baseline's stored outputs are of other prompts (seed or "
-                    "agreement_prompts differ); not compared")
-            return AgreementResult(prompts=n, tokens=tokens, samples=mine, reasons=(note,))
-        if not reference:
-            return AgreementResult(prompts=n, tokens=tokens, samples=mine)
-        forced = await agreement.teacher_forced(url, reference, profile.timeout_s)
-    except InfraError as err:
-        return AgreementResult(prompts=n, tokens=tokens, passed=False,
-                               reasons=(f"agreement: {err}",))
-    return agreement.compare(reference, mine, forced,
-                             min_first_token=profile.min_first_token_agreement,
-                             max_drop=profile.max_logprob_drop)
+                          profile: GateProfile, deadline: float | None = None
+                          ) -> AgreementResult | None:
+    """Candidate's greedy outputs, texts and likelihoods against the incumbent's (live or
+    stored), never past `deadline` (time.monotonic())."""
+    return await agreement.run(url, inc_url, baseline, profile, deadline=deadline)
 
 
 def judge_capacity(cand: CapacityResult, inc: CapacityResult | None,

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from stackbuild.errors import InputError
-from stackbuild.gate.result import CapacityResult, GateResult, LevelResult
+from stackbuild.gate.result import AgreementPart, CapacityResult, GateResult, LevelResult
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -95,6 +95,19 @@ def _f(v: float | None, fmt: str = ".1f") -> str:
     return "" if v is None else format(v, fmt)
 
 
+def _part(p: AgreementPart) -> str:
+    """One agreement part in a line: what was sent, and how it compared."""
+    sent = (f"{p.name}: {p.prompts} prompts" + (f" of {p.input_len} tokens" if p.input_len else "")
+            + f" x {p.tokens} tokens" + (f", {p.concurrency} in flight" if p.concurrency else ""))
+    got = [f"first {'chars' if p.concurrency == 0 else 'token'} {_f(p.first_token, '.0%')}",
+           f"full match {_f(p.full_match, '.0%')}"]
+    if p.logprob_drop is not None:
+        got.append(f"logprob drop {p.logprob_drop:.3f}")
+    if p.kl is not None:
+        got.append(f"top-k overlap {_f(p.top_k_overlap, '.0%')}, KL {p.kl:.4f}")
+    return f"{sent}: {', '.join(got)}: {'ok' if p.passed else 'FAILED'}"
+
+
 def markdown_summary(result: GateResult) -> str:
     wl = result.workload
     head = (f"## Gate: {result.name} — **{result.verdict.upper()}**\n\n"
@@ -124,7 +137,9 @@ def markdown_summary(result: GateResult) -> str:
                     f"p10 {ag.prefix_p10:.0f} / p50 {ag.prefix_p50:.0f} / mean "
                     f"{ag.prefix_mean:.1f} tokens, full match {ag.full_match:.0%}; incumbent's "
                     f"outputs {ag.logprob_candidate:.3f} nats/token under the candidate vs "
-                    f"{ag.logprob_incumbent:.3f} under the incumbent (drop {ag.logprob_drop:.3f})")
+                    f"{ag.logprob_incumbent:.3f} under the incumbent (drop {ag.logprob_drop:.3f})"
+                    + "".join(f"\n- {_part(p)}" for p in ag.parts)
+                    + f"\n\n{ag.requests} requests, {ag.seconds:.1f} s")
     elif ag is not None:
         tail.append(f"Agreement: {ag.prompts} greedy outputs recorded for later comparisons")
     tr = result.traffic

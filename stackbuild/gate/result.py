@@ -87,6 +87,39 @@ class AgreementSample(_Frozen):
     output: tuple[int, ...]
     # mean logprob per token this server gives its own output
     logprob: float
+    part: str = "ids"  # which agreement part asked it (stackbuild.gate.agreement.plan)
+    text: str = ""  # the text the server returned with the ids
+    # this server's top-k (token id, logprob) at each output position
+    top: tuple[tuple[tuple[int, float], ...], ...] = ()
+
+
+class TextSample(_Frozen):
+    """A natural-language prompt sent as text (/v1/completions) or as a chat message
+    (/v1/chat/completions), and the text this server answered."""
+
+    part: str  # "completions" or "chat"
+    prompt: str
+    text: str
+    prompt_tokens: int = 0  # as the server counted them (its tokenizer, its chat template)
+
+
+class AgreementPart(_Frozen):
+    """One part of the agreement: its prompts, how they were sent, and how they compared."""
+
+    name: str  # ids | long | busy | completions | chat
+    prompts: int
+    tokens: int  # greedy tokens per prompt
+    input_len: int = 0  # prompt tokens (0: natural-language prompts of a few words)
+    concurrency: int = 1  # requests in flight
+    first_token: float | None = None  # share agreeing on the first token (text: first word)
+    prefix_mean: float | None = None  # exact prefix, tokens (text: share of characters)
+    full_match: float | None = None
+    logprob_drop: float | None = None  # nats per token, teacher-forced
+    top_k_overlap: float | None = None  # mean share of the incumbent's top-k the candidate shares
+    kl: float | None = None  # mean KL(incumbent || candidate) over the incumbent's top-k, nats
+    other_text: int = 0  # outputs whose token ids match and whose text does not
+    passed: bool = True
+    reasons: tuple[str, ...] = ()
 
 
 class AgreementResult(_Frozen):
@@ -109,6 +142,11 @@ class AgreementResult(_Frozen):
     # the first diverging pair: prompt index, position, both texts from there
     example: str = ""
     samples: tuple[AgreementSample, ...] = ()
+    # every part (the fields above summarize "ids"), the text answers, and the cost
+    parts: tuple[AgreementPart, ...] = ()
+    texts: tuple[TextSample, ...] = ()
+    requests: int = 0  # requests this agreement sent, both sides
+    seconds: float = 0.0
 
 
 class CapacityResult(_Frozen):

@@ -307,7 +307,7 @@ async def run_gate_async(
         probe = ProbeResult(passed=False, reasons=(
             f"probe: not finished by the gate's deadline of {profile.gate_deadline_s():g}s",))
     emit("probe", {"probe": probe})
-    agreed = await checks.agreement_check(url, inc_url, baseline, profile)
+    agreed = await checks.agreement_check(url, inc_url, baseline, profile, deadline)
     cap = await checks.capacity_check(url, inc_url, baseline, profile, wl)
     on_traffic = checks.traffic_verdict(levels, profile)
     bars = bar_violations(levels, profile)

@@ -1,4 +1,9 @@
-"""/metrics in Prometheus text format with sglang's metric names (model_name label)."""
+"""/metrics in Prometheus text format with sglang's metric names (model_name label).
+
+observability/metrics_collector.py (sglang 0.5.23): TTFT, e2e latency and the prompt,
+generation and request counters carry `is_streaming` (:1855-1863, :1943, :2041-2071,
+observed once a request finishes, :2094-2160); inter-token latency does not (:2052-2057).
+"""
 
 from __future__ import annotations
 
@@ -33,21 +38,48 @@ class Histogram:
         return out
 
 
+_TTFT = ("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.")
+_E2E = ("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds")
+COUNTERS = (
+    ("sglang:prompt_tokens_total", "Number of prefill tokens processed."),
+    ("sglang:generation_tokens_total", "Number of generation tokens processed."),
+    ("sglang:num_requests_total", "Number of requests processed."),
+)
+
+
+def _flag(streaming: bool) -> str:
+    return "true" if streaming else "false"
+
+
 class Metrics:
     def __init__(self) -> None:
-        self.ttft = Histogram(
-            "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-            TTFT_BUCKETS,
-        )
-        self.e2e = Histogram(
-            "sglang:e2e_request_latency_seconds",
-            "Histogram of End-to-end request latency in seconds",
-            E2E_BUCKETS,
-        )
+        self._ttft = {s: Histogram(*_TTFT, TTFT_BUCKETS) for s in (True, False)}
+        self._e2e = {s: Histogram(*_E2E, E2E_BUCKETS) for s in (True, False)}
         self.itl = Histogram(
             "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
         )
+        # is_streaming -> prompt tokens, generation tokens, requests (finished requests)
+        self.counts = {True: [0, 0, 0], False: [0, 0, 0]}
+
+    def ttft(self, streaming: bool, seconds: float) -> None:
+        self._ttft[streaming].observe(seconds)
+
+    def finished(self, streaming: bool, prompt_tokens: int, generated: int, e2e_s: float) -> None:
+        c = self.counts[streaming]
+        c[0] += prompt_tokens
+        c[1] += generated
+        c[2] += 1
+        self._e2e[streaming].observe(e2e_s)
+
+    def histograms(self, lb: str) -> list[str]:
+        """TTFT and e2e per is_streaming (one HELP/TYPE each), then ITL."""
+        out: list[str] = []
+        for hs in (self._ttft, self._e2e):
+            lines = [ln for s in (True, False) if hs[s].n
+                     for ln in hs[s].lines(f'{lb},is_streaming="{_flag(s)}"')[2:]]
+            out += hs[True].lines(lb)[:2] + lines
+        return out + self.itl.lines(lb)
 
 
 def render(
@@ -57,9 +89,6 @@ def render(
     queued: int,
     gen_throughput: float,
     accept_length: float,
-    prompt_tokens: int,
-    generation_tokens: int,
-    requests: int,
     hist: Metrics,
 ) -> str:
     # observability/metrics_collector.py:1382-1388 (scheduler: engine_type and the ranks)
@@ -74,18 +103,12 @@ def render(
          accept_length),
         ("sglang:cache_hit_rate", "The prefix cache hit rate.", 0.0),
     ]
-    counters = [
-        ("sglang:prompt_tokens_total", "Number of prefill tokens processed.", prompt_tokens),
-        ("sglang:generation_tokens_total", "Number of generation tokens processed.",
-         generation_tokens),
-        ("sglang:num_requests_total", "Number of requests processed.", requests),
-    ]
     out: list[str] = []
     for name, doc, v in gauges:
         out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge", f"{name}{{{ranks}}} {float(v)}"]
-    for name, doc, v in counters:
-        out += [f"# HELP {name} {doc}", f"# TYPE {name} counter",
-                f'{name}{{{lb},is_streaming="true"}} {float(v)}']
-    for h in (hist.ttft, hist.itl, hist.e2e):
-        out += h.lines(lb)
+    for i, (name, doc) in enumerate(COUNTERS):
+        out += [f"# HELP {name} {doc}", f"# TYPE {name} counter"]
+        out += [f'{name}{{{lb},is_streaming="{_flag(s)}"}} {float(hist.counts[s][i])}'
+                for s in (True, False) if hist.counts[s][2]]
+    out += hist.histograms(lb)
     return "\n".join(out) + "\n"

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import signal
 import sys
 import time
@@ -20,17 +18,17 @@ from typing import Any
 
 from aiohttp import web
 
-from stackbuild.sim import api, lm, metrics
+from stackbuild.sim import metrics, shapes
 from stackbuild.sim.calibration import PROFILES, SimProfile
 from stackbuild.sim.faults import Fault
+from stackbuild.sim.generation import Generation, Serving
 from stackbuild.sim.scheduler import Engine, SimRequest
-from stackbuild.sim.text import VOCAB, detokenize, greedy_ids
 
 SGLANG_VERSION = "0.5.23"
 HEALTH_CHECK_TIMEOUT_S = 20  # sglang's SGLANG_HEALTH_CHECK_TIMEOUT default
 CONTEXT_LEN = 262144
-STOP_ID = VOCAB.index(".")
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. (When there are running "
+           "or waiting requests, the operation will not be performed.)\n")
 
 
 @dataclass(frozen=True)
@@ -49,14 +47,12 @@ class SimOptions:
     max_running_requests: int | None = None
     # sglang serves /metrics only with --enable-metrics (http_server.py:314)
     enable_metrics: bool = False
+    # sglang's --context-length (the model's own when not given)
+    context_length: int = CONTEXT_LEN
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_path
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
 class SimServer:
@@ -66,10 +62,17 @@ class SimServer:
         self.engine = Engine(self.profile, speed=opts.speed, seed=opts.seed, slow=opts.fault.slow)
         self.hist = metrics.Metrics()
         self.up = False
-        self.generations = 0
-        # rid -> (logprob of each greedy output token, this server's numerics)
-        self._logprobs: dict[str, tuple[list[float], lm.Numerics]] = {}
         self.started_at = time.time()
+        self.gen = Generation(Serving(opts.fault, opts.model_name, opts.context_length,
+                                      self.reserved_tokens, self.profile, self.engine, self.hist))
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Output slots EAGLE reserves on top of the input (managers/utils.py:484-500)."""
+        p = self.profile
+        if not p.speculative:
+            return 0
+        return max(p.topk * p.spec_steps, int(self._server_args()["speculative_num_draft_tokens"]))
 
     # ---- app ---------------------------------------------------------------
     def app(self) -> web.Application:
@@ -92,6 +95,8 @@ class SimServer:
         r.add_route("PUT", "/generate", self.generate)
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
+        r.add_route("GET", "/flush_cache", self.flush_cache)
+        r.add_route("POST", "/flush_cache", self.flush_cache)
         return app
 
     # ---- status endpoints ---------------------------------------------------
@@ -128,6 +133,7 @@ class SimServer:
             "max_running_requests": p.max_running,
             "cuda_graph_max_bs_decode": 128,
             "enable_metrics": o.enable_metrics,
+            "context_length": o.context_length,
             "launch_command": self._launch_command(),
             "speculative_algorithm": "EAGLE3" if p.speculative else None,
         }
@@ -147,13 +153,16 @@ class SimServer:
             argv += ["--max-running-requests", str(o.max_running_requests)]
         if o.enable_metrics:
             argv.append("--enable-metrics")
+        if o.context_length != CONTEXT_LEN:
+            argv += ["--context-length", str(o.context_length)]
         return " ".join(argv)
 
     async def server_info(self, request: web.Request) -> web.Response:
         e = self.engine
         state = {
             "effective_max_running_requests_per_dp": self.profile.max_running,
-            "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": CONTEXT_LEN},
+            "memory_usage": {"weight": 0.0, "kvcache": 0.0,
+                             "token_capacity": self.opts.context_length},
             "avg_spec_accept_length": e.avg_accept_length if self.profile.speculative else None,
             "last_gen_throughput": e.last_gen_throughput,
             "num_running_reqs": len(e.running),
@@ -185,7 +194,7 @@ class SimServer:
         # protocol.py ModelCard; http_server.py sets root to the served name
         return {"id": self.opts.model_name, "object": "model", "created": int(time.time()),
                 "owned_by": "sglang", "root": self.opts.model_name, "parent": None,
-                "max_model_len": CONTEXT_LEN}
+                "max_model_len": self.opts.context_length}
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._card()]})
@@ -199,12 +208,11 @@ class SimServer:
         return web.json_response(self._card())
 
     async def metrics(self, request: web.Request) -> web.Response:
-        e, t = self.engine, self.engine.totals
+        e = self.engine
         text = metrics.render(
             self.opts.model_name, running=len(e.running), queued=len(e.waiting),
             gen_throughput=e.last_gen_throughput, accept_length=e.avg_accept_length,
-            prompt_tokens=t.prompt_tokens, generation_tokens=t.output_tokens,
-            requests=t.requests, hist=self.hist,
+            hist=self.hist,
         )
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
@@ -220,160 +228,33 @@ class SimServer:
 
     # ---- generation ---------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "generate")
+        return await self.gen.serve(request, "generate")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "completions")
+        return await self.gen.serve(request, "completions")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, "chat")
+        return await self.gen.serve(request, "chat")
 
-    def _error(self, status: int, message: str, kind: str) -> web.Response:
-        body = {"object": "error", "message": message, "type": kind, "param": None,
-                "code": status}
-        return web.json_response(body, status=status)
-
-    def _text(self, ids: list[int]) -> str:
-        g = self.opts.fault.garbage if self.opts.fault.name == "garbage" else None
-        if g == "empty":
-            return ""
-        if g == "fffd":
-            return "\ufffd" * len(ids)
-        return detokenize(ids)
-
-    def _bad(self, route: api.Route, message: str) -> web.Response:
-        if route == "generate":  # http_server.py _create_error_response
-            return web.json_response({"error": {"message": message}}, status=400)
-        return self._error(400, message, "Bad Request")
-
-    async def _serve(self, request: web.Request, route: api.Route) -> web.StreamResponse:
-        media = request.headers.get("Content-Type", "").lower().split(";", 1)[0].strip()
-        if route != "generate" and media != "application/json":
-            return self._bad(route, "Unsupported Media Type: Only 'application/json' is allowed")
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """http_server.py:1025-1040 and scheduler_components/flush_wrapper.py:22-61: flushed at
+        once when idle; with ?timeout=S it waits up to S seconds for idle; else 400."""
         try:
-            body = await request.json()
-            p = api.parse(route, body, uuid.uuid4().hex, self.opts.model_name)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return self._bad(route, "request body is not valid JSON")
-        except api.BadRequest as err:
-            return self._bad(route, str(err))
-        # no warmup check: sglang's /generate serves as soon as the port is open; only
-        # /health and /health_generate answer 503 while the server is Starting
-        self.generations += 1
-        fault = self.opts.fault
-        if fault.name == "die-after" and self.generations > fault.after:
-            # a crash, not a shutdown: in-flight streams are cut mid-way
-            sys.stderr.write(f"sim: fault die-after:{fault.after}: dying now\n")
-            sys.stderr.flush()
-            os._exit(1)
-        if fault.name == "fail-first-generation" and self.generations == 1:
-            return self._error(500, "CUDA error: an illegal memory access was encountered",
-                               "InternalServerError")
-        numerics = fault.numerics
-        lps: list[float] = []
-        if p.temperature <= 0:
-            state = lm.start(p.text, None if p.ids is None else list(p.ids))
-            limit = p.max_new_tokens if p.max_new_tokens is not None else \
-                CONTEXT_LEN - p.prompt_tokens
-            ids, lps = lm.greedy(state, limit, numerics, stop=None if p.ignore_eos else STOP_ID,
-                                 logprobs=p.return_logprob)
-        else:
-            ids = greedy_ids(p.key, 4096 if p.max_new_tokens is None else p.max_new_tokens,
-                             temperature=p.temperature, rid=p.rid)
-        stopped = False
-        if fault.name == "garbage" and fault.garbage == "repeat":
-            ids = [0] * len(ids)  # what NaN logits look like after argmax
-        elif not p.ignore_eos and STOP_ID in ids:
-            ids = ids[: ids.index(STOP_ID) + 1]
-            stopped = True
-        req = SimRequest(rid=p.rid, prompt_tokens=p.prompt_tokens, token_ids=ids)
-        if not ids and not p.stream:  # max_new_tokens 0: prefill only, an empty answer
-            return await self._whole(p, req, stopped)
-        self._logprobs[p.rid] = (lps, numerics)
-        self.engine.submit(req)
-        try:
-            if p.stream:
-                return await self._stream(request, p, req, stopped)
-            return await self._whole(p, req, stopped)
-        finally:
-            self._logprobs.pop(p.rid, None)
-            if req.remaining > 0:
-                req.cancelled = True
-
-    def _meta(self, p: api.GenParams, req: SimRequest, n: int, fr: dict[str, Any] | None
-              ) -> dict[str, Any]:
-        meta = api.meta_info(p, n, fr, req.arrived, self._accept(req))
-        if p.return_logprob:
-            lps, numerics = self._logprobs.get(p.rid, ([], lm.Numerics()))
-            meta.update(api.logprob_fields(p, req.token_ids[:n], lps[:n], numerics))
-        return meta
-
-    def _accept(self, req: SimRequest) -> float | None:
-        return req.spec_accept_length if self.profile.speculative else None
-
-    async def _whole(self, p: api.GenParams, req: SimRequest, stopped: bool) -> web.Response:
-        started = req.arrived
-        first = True
-        while req.remaining > 0 or not req.out.empty():
-            await req.out.get()
-            if first:
-                self.hist.ttft.observe(time.monotonic() - started)
-                first = False
-        n = len(req.token_ids)
-        self.engine.record_emit(req, n)
-        self.hist.e2e.observe(time.monotonic() - started)
-        fr = api.finish_reason(True, stopped, n, STOP_ID)
-        text = self._text(req.token_ids)
-        if p.route == "generate":
-            meta = self._meta(p, req, n, fr)
-            return web.json_response({"text": text, "output_ids": req.token_ids,
-                                      "meta_info": meta})
-        return web.json_response(api.oai_full(p, int(time.time()), text, fr, n))
-
-    async def _stream(
-        self, request: web.Request, p: api.GenParams, req: SimRequest, stopped: bool
-    ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers=_SSE_HEADERS)
-        await resp.prepare(request)
-        created = int(time.time())
-        sent = 0
-        total = len(req.token_ids)
-        stall_at = total // 2 if self.opts.fault.name == "stall-stream" else None
-        last = req.arrived
-        while sent < total:
-            n = await req.out.get()
-            while not req.out.empty():  # coalesce steps the writer fell behind on
-                n += req.out.get_nowait()
-            now = time.monotonic()
-            if sent == 0:
-                self.hist.ttft.observe(now - req.arrived)
-            else:
-                self.hist.itl.observe(now - last)
-            last = now
-            new = req.token_ids[sent : sent + n]
-            sent += n
-            done = sent >= total
-            fr = api.finish_reason(done, stopped, sent, STOP_ID)
-            if p.route == "generate":
-                # sglang's default (non-incremental) stream: cumulative text and ids
-                chunk = {"text": self._text(req.token_ids[:sent]),
-                         "output_ids": req.token_ids[:sent],
-                         "meta_info": self._meta(p, req, sent, fr)}
-            else:
-                if sent == n and p.route == "chat":
-                    await resp.write(_sse(api.oai_chunk(p, created, "", None, role=True)))
-                chunk = api.oai_chunk(p, created, self._text(new), fr)
-            await resp.write(_sse(chunk))
-            self.engine.record_emit(req, n)
-            if stall_at is not None and sent >= stall_at:
-                req.cancelled = True
-                await asyncio.sleep(3600)  # the stream hangs; the client's timeout ends it
-        if p.route != "generate" and p.include_usage:
-            await resp.write(_sse(api.oai_usage_chunk(p, created, total)))
-        await resp.write(b"data: [DONE]\n\n")
-        self.hist.e2e.observe(time.monotonic() - req.arrived)
-        await resp.write_eof()
-        return resp
+            timeout = float(request.query.get("timeout", "0") or 0)
+        except ValueError:
+            timeout = -1.0
+        if not timeout >= 0:
+            return web.json_response(shapes.error_response(
+                400, "timeout: Input should be greater than or equal to 0", "Bad Request"),
+                status=400)
+        e = self.engine
+        until = time.monotonic() + timeout
+        while (e.running or e.waiting) and time.monotonic() < until:
+            await asyncio.sleep(0.05)
+        if e.running or e.waiting:
+            msg = "Timed out waiting for idle state." if timeout else "Flush cache failed.\n"
+            return web.Response(status=400, text=msg)
+        return web.Response(text=FLUSHED)
 
 
 async def serve(opts: SimOptions, *, ready_msg: bool = True) -> int:

@@ -37,8 +37,30 @@ def greedy_ids(key: bytes, n: int, *, temperature: float = 0.0, rid: str = "") -
     return [rng.randrange(1, VOCAB_SIZE) for _ in range(n)]
 
 
-def detokenize(ids: list[int]) -> str:
-    return "".join(VOCAB[i % VOCAB_SIZE] for i in ids)
+def detokenize(ids: list[int], *, legacy_space: bool = False) -> str:
+    """The text of `ids`. legacy_space: a detokenizer that drops the leading space of the
+    first piece (sentencepiece's add_dummy_prefix / `legacy` handling changed between
+    tokenizer releases): the same ids, other text."""
+    text = "".join(VOCAB[i % VOCAB_SIZE] for i in ids)
+    return text[1:] if legacy_space and text.startswith(" ") else text
+
+
+# A ChatML template, as many chat models ship in tokenizer_config.json; sglang renders the
+# model's own template with jinja (openai/serving_chat.py _apply_jinja_template) and then
+# tokenizes the result.
+_TURN = "<|im_start|>{role}\n{content}<|im_end|>\n"
+# what a template revision that adds a default system turn inserts (Qwen2.5's did)
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+
+def chat_prompt(messages: list[tuple[str, str]], *, default_system: bool = False) -> str:
+    """The prompt text the chat template renders from (role, content) turns, with the
+    generation prompt for the assistant's answer."""
+    turns = list(messages)
+    if default_system and (not turns or turns[0][0] != "system"):
+        turns.insert(0, ("system", DEFAULT_SYSTEM))
+    return "".join(_TURN.format(role=r, content=c) for r, c in turns) + \
+        "<|im_start|>assistant\n"
 
 
 def count_prompt_tokens(text: str | None, input_ids: list[int] | None) -> int:

@@ -31,8 +31,8 @@ def _finding(pos: Pos, severity: str, message: str, rule: str) -> Finding:
 # read off the sim's click command, so checking a spec does not import the CLI; a test holds the
 # two together.
 SIM_FLAGS = frozenset({
-    "--enable-metrics", "--fault", "--host", "--load-s", "--max-running-requests", "--model-path", "--port",
-    "--profile", "--seed", "--served-model-name", "--speed", "--warmup-s",
+    "--context-length", "--enable-metrics", "--fault", "--host", "--load-s", "--max-running-requests",
+    "--model-path", "--port", "--profile", "--seed", "--served-model-name", "--speed", "--warmup-s",
 })
 
 

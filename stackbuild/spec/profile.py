@@ -134,6 +134,19 @@ class GateProfile(BaseModel):
     # fail when the candidate's mean logprob of the incumbent's outputs is lower by more
     # than this (nats per token); a benign divergence moves it by hundredths
     max_logprob_drop: float = Field(default=0.5, ge=0)
+    # where the users run (docs/agreement.md): prompts at input_len with output_len answers,
+    # one batch at the highest concurrency measured, natural-language prompts as text and as
+    # chat; the top-k compared along the incumbent's greedy path
+    agreement_long_prompts: int = Field(default=4, ge=0, le=256)
+    agreement_busy: bool = True
+    agreement_text_prompts: int = Field(default=8, ge=0, le=256)
+    agreement_top_k: int = Field(default=5, ge=0, le=20)
+    # fail below this mean share of the incumbent's top-k the candidate also ranks top-k,
+    # or above this mean KL over it (nats per position)
+    min_top_k_overlap: float = Field(default=0.8, ge=0, le=1)
+    max_top_k_kl: float = Field(default=0.1, ge=0)
+    # fail when fewer text answers than this agree on their first word
+    min_text_agreement: float = Field(default=0.75, ge=0, le=1)
 
     @field_validator("concurrency")
     @classmethod
