@@ -156,6 +156,9 @@ def deploy_cmd(
 
     stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"), variant=variant)
     _validate_fully(stack)
+    from stackbuild.host.fit import check_side_by_side
+
+    check_side_by_side(stack, strategy or stack.host.strategy)  # before any host is touched
     if fleet or hosts_csv or inventory:
         from stackbuild.fleet.session import FleetArgs, run_fleet
 

@@ -137,7 +137,7 @@ def outputs_for(label: str, files: dict[str, str], out: Path | None, root: Path)
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Write Dockerfile, units/, stack.lock.json and patches/ here "
+    help="Write Dockerfile, units/, stack.lock.json, patches/ (and gateway/ with a gateway) here "
     "(default: only Dockerfile.<stack> at the project root).",
 )
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if the files on disk differ.")
@@ -158,8 +158,10 @@ def render_cmd(
         click.echo(str(f), err=True)
     if errors:
         raise InputError(f"{len(errors)} error(s): fix them before rendering; nothing was written")
+    from stackbuild.render.gateway import render_gateway
+
     rendered = rendered_for_image(spec)
-    dest, files = outputs_for(spec.label, rendered.files, out, spec.root)
+    dest, files = outputs_for(spec.label, rendered.files | render_gateway(spec).files, out, spec.root)
     if check:
         stale = [
             rel
@@ -197,8 +199,11 @@ def render_cmd(
     help="Write the lock here instead of stacks/locks/STACK.txt (its audit goes beside it).",
 )
 @click.option("--offline", is_flag=True, help="Resolve from uv's cache and audit from the committed audit + cache.")
+@click.option("--gateway", is_flag=True,
+              help="Lock the stack's gateway (smg) instead, into stacks/locks/gateway/ (see docs/gateway.md).")
 @click.pass_context
-def lock_cmd(ctx: click.Context, stack: str, variant: str | None, out: Path | None, offline: bool) -> None:
+def lock_cmd(ctx: click.Context, stack: str, variant: str | None, out: Path | None, offline: bool,
+             gateway: bool) -> None:
     """Resolve STACK's whole Python closure into a hash-pinned lock and audit its native wheels.
 
     The lock (stacks/locks/STACK.txt; STACK.VARIANT.txt for a variant whose
@@ -213,6 +218,14 @@ def lock_cmd(ctx: click.Context, stack: str, variant: str | None, out: Path | No
     from stackbuild.spec.lock import run as lockrun
 
     spec = load_stack(stack, root=_root(ctx), variant=variant)
+    if gateway:
+        from stackbuild.spec.gateway_check import lock_gateway
+        from stackbuild.spec.lock.resolve import write
+
+        path, text = lock_gateway(spec, offline=offline)
+        write(out or path, text)
+        click.echo(f"wrote {out or path}")
+        return
     result = lockrun.lock_stack(spec, offline=offline, progress=lambda m: click.echo(m, err=True))
     if out is not None:
         result.lock_file, result.audit_file = out, out.with_suffix(".audit.json")

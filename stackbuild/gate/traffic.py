@@ -7,7 +7,7 @@ The shares are the weights of a traffic-weighted verdict: the expected change of
 output throughput on that traffic, sum(w * cand) / sum(w * inc) - 1, with a bootstrap
 CI from resampling each level's runs.
 
-`parse_metrics`, `in_flight`, `weights`, `weighted_change` are pure.
+`weights`, `weighted_change` are pure (`parse_metrics`, `in_flight`: effects/prometheus.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 
+from stackbuild.effects.prometheus import in_flight, parse_metrics
 from stackbuild.gate.stats import BOOTSTRAP_RESAMPLES, percentile
 
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+__all__ = ["in_flight", "parse_metrics"]  # they live in effects/prometheus.py (the drain counts the same way)
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
 
 
@@ -30,28 +31,6 @@ def parse_duration(text: str) -> float:
     if not m or float(m.group(1)) <= 0:
         raise ValueError(f"{text!r} is not a duration like 30s, 10m or 1h")
     return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {metric name: value summed over its label sets}."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if m is None or line.startswith("#"):
-            continue
-        try:
-            v = float(m.group(3))
-        except ValueError:
-            continue
-        out[m.group(1)] = out.get(m.group(1), 0.0) + v
-    return out
-
-
-def in_flight(metrics: Mapping[str, float]) -> float | None:
-    """Requests running + queued; None when the server does not export them."""
-    if "sglang:num_running_reqs" not in metrics:
-        return None
-    return metrics["sglang:num_running_reqs"] + metrics.get("sglang:num_queue_reqs", 0.0)
 
 
 def nearest_level(x: float, levels: Sequence[int]) -> int:

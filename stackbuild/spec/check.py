@@ -110,8 +110,9 @@ def check_patches(stack: Stack, *, offline: bool) -> list[Finding]:
 
 
 def check_stack(stack: Stack, *, offline: bool = False) -> list[Finding]:
+    from stackbuild.spec.gateway_check import check_gateway
     from stackbuild.spec.lock.check import check_lock
 
     findings = check_rules(stack) + check_flags(stack, offline=offline) + check_patches(stack, offline=offline)
-    findings += check_lock(stack)
+    findings += check_lock(stack) + check_gateway(stack)
     return sorted(findings, key=lambda f: (f.path, f.line, f.col))

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from stackbuild.spec.fleet import Fleet, FleetHost
+from stackbuild.spec.gateway import Gateway
 from stackbuild.spec.kinds import (
     LONG_FLAG as _LONG_FLAG,
 )
@@ -194,6 +195,7 @@ class Stack(_Model):
     lock: LockSpec = Field(default_factory=LockSpec)
     gate: GateSpec = Field(default_factory=GateSpec)
     host: Host = Field(default_factory=Host)
+    gateway: Gateway | None = None  # smg in front of the stack's servers (spec/gateway.py)
     variants: tuple[str, ...] = ()  # names of all variants this stack offers
     _located: Located | None = PrivateAttr(default=None)
 

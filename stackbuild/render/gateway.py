@@ -1,0 +1,112 @@
+"""Rendering the gateway: its image (Dockerfile + the hash lock) and its systemd unit, pure.
+
+The unit runs `smg launch` in the gateway image with host networking, like the
+server's unit runs the server image; each `gateway:` field becomes the one `smg
+launch` option it names (smg 1.13.0 `router_args.py`), built here as an argv.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from stackbuild.render.stack import DOCKER, HASH_LEN, exec_line, make_env
+from stackbuild.spec.gateway import Gateway
+from stackbuild.spec.gateway_check import gateway_host, hostname, lock_command, lock_text
+from stackbuild.spec.stack import Stack
+
+
+@dataclass(frozen=True)
+class RenderedGateway:
+    files: dict[str, str]  # relative path -> text (gateway/Dockerfile, gateway/requirements.lock, the unit)
+    content_hash: str  # of the image's inputs: the Dockerfile and the lock
+
+    @property
+    def hash12(self) -> str:
+        return self.content_hash[:HASH_LEN]
+
+
+def smg_argv(gw: Gateway, workers: list[str]) -> list[str]:
+    """`smg launch` with every setting the spec holds; `workers` are the servers it starts with."""
+    h = gw.health
+    argv = ["smg", "launch", "--host", gw.listen, "--port", str(gw.port)]
+    if workers:
+        argv += ["--worker-urls", *workers]
+    return [
+        *argv,
+        "--policy", gw.policy,
+        "--health-check-interval-secs", str(h.interval_s),
+        "--health-check-timeout-secs", str(h.timeout_s),
+        "--health-failure-threshold", str(h.failure_threshold),
+        "--health-success-threshold", str(h.success_threshold),
+        "--health-check-endpoint", h.endpoint,
+        "--retry-max-retries", str(gw.retries),
+        "--shutdown-grace-period-secs", str(gw.shutdown_grace_s),
+        # the metrics name every worker's address: kept off the network the clients use
+        "--prometheus-host", "127.0.0.1",
+        "--prometheus-port", str(gw.metrics_port),
+        # a pure HTTP load balancer: no tokenizer fetched from the model hub on the gateway host
+        "--disable-tokenizer-autoload",
+        "--log-level", "info",
+    ]  # fmt: skip
+
+
+def docker_argv(gw: Gateway, *, image: str, workers: list[str]) -> list[str]:
+    name = gw.service
+    head = [DOCKER, "run", "--rm", "--name", name, "--network", "host", "--label", f"dev.stackbuild.unit={name}"]
+    return [*head, image, *smg_argv(gw, workers)]
+
+
+def worker_url(address: str, port: int, gateway_host: str | None) -> str:
+    """A server as the gateway reaches it: over loopback when they share a host."""
+    host = hostname(address)
+    return f"http://{'127.0.0.1' if host == gateway_host else host}:{port}"
+
+
+def declared_workers(stack: Stack) -> list[str]:
+    """The serving URLs the spec itself names: each host of host.hosts on its port, else host.address."""
+    gw_host = gateway_host(stack)
+    if stack.host.hosts:
+        return [worker_url(h.target, h.port or stack.runtime.port, gw_host) for h in stack.host.hosts]
+    if stack.host.address:
+        return [worker_url(stack.host.address, stack.runtime.port, gw_host)]
+    return []
+
+
+def render_gateway_unit(stack: Stack, *, image: str, workers: list[str]) -> str:
+    gw = stack.gateway
+    if gw is None:
+        raise ValueError(f"{stack.label} has no gateway: section")
+    return make_env().get_template("gateway.service.j2").render(
+        stack=stack,
+        gw=gw,
+        exec_start=exec_line(docker_argv(gw, image=image, workers=workers)),
+        exec_pre=exec_line([DOCKER, "rm", "--force", gw.service]),
+        exec_stop=exec_line([DOCKER, "stop", "--time", str(gw.shutdown_grace_s + 10), gw.service]),
+    )
+
+
+def gateway_image_ref(stack: Stack, content_hash: str, repo: str | None = None) -> str:
+    """REPO:gateway-smgVERSION-HASH12: one image per gateway Dockerfile and lock, shared by stacks."""
+    gw = stack.gateway
+    if gw is None:
+        raise ValueError(f"{stack.label} has no gateway: section")
+    return f"{repo or stack.host.registry or 'stackbuild'}:gateway-smg{gw.version}-{content_hash[:HASH_LEN]}"
+
+
+def render_gateway(stack: Stack, workers: list[str] | None = None) -> RenderedGateway:
+    """The gateway's files; `workers` default to the ones the spec declares."""
+    gw = stack.gateway
+    if gw is None:
+        return RenderedGateway({}, "")
+    lock = lock_text(stack) or f"# no lock: run `{lock_command(stack)}`\n"
+    dockerfile = make_env().get_template("Dockerfile.gateway.j2").render(gw=gw)
+    h = hashlib.sha256(dockerfile.encode())
+    h.update(hashlib.sha256(lock.encode()).hexdigest().encode())
+    content_hash = h.hexdigest()
+    image = gateway_image_ref(stack, content_hash)
+    unit = render_gateway_unit(stack, image=image, workers=declared_workers(stack) if workers is None else workers)
+    return RenderedGateway(
+        {"gateway/Dockerfile": dockerfile, "gateway/requirements.lock": lock, f"units/{gw.service}.service": unit},
+        content_hash,
+    )

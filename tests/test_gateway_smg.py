@@ -1,0 +1,131 @@
+"""The gateway client against a real `smg` (installed from the committed hash lock) in front of real simulators.
+
+One behaviour each: the worker API (list, add, add again, remove, remove again, put back);
+a drain that waits for the requests a worker still runs; and a rollover -- drain and stop
+one server, start and add another, drain the second -- under a streaming client that
+counts every request through the gateway: none may fail.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers_gateway import (
+    SmgProc,
+    StreamingClient,
+    install_smg,
+    loopback_gateway,
+    smg_running,
+    stream_once,
+    worker_api_contract,
+)
+
+from stackbuild.effects import http
+from stackbuild.effects.gateway import HttpGateway, drain, worker_in_flight
+from stackbuild.effects.prometheus import parse_metrics
+from stackbuild.sim.process import SimProc, sim
+
+pytestmark = [pytest.mark.integration, pytest.mark.network]
+
+TIMEOUT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def smg(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return install_smg(tmp_path_factory.mktemp("smg"))
+
+
+@pytest.fixture
+def sims() -> Iterator[tuple[SimProc, SimProc]]:
+    with sim("--enable-metrics") as a, sim("--enable-metrics") as b:
+        yield a, b
+
+
+def served(s: SimProc) -> float:
+    return parse_metrics(http.get(f"{s.url}/metrics").body.decode())["sglang:num_requests_total"]
+
+
+def halt(s: SimProc) -> None:
+    """Stop a server for good (its fixture still cleans up after it)."""
+    s.proc.terminate()
+    s.proc.wait(10)
+
+
+@pytest.fixture
+def gateway(smg: Path, sims: tuple[SimProc, SimProc], tmp_path: Path) -> Iterator[tuple[SmgProc, HttpGateway]]:
+    """smg started with the first simulator (as its unit's --worker-urls), serving once that one is ready."""
+    a, _ = sims
+    with smg_running(smg, loopback_gateway(), [a.url], tmp_path / "smg.log") as p:
+        gw = HttpGateway(p.url)
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            try:
+                if [w.url for w in gw.workers() if w.routable] == [a.url]:
+                    break
+            except http.HttpFailure:
+                pass
+            assert time.monotonic() < deadline and p.proc.poll() is None, f"smg never served:\n{p.output()}"
+            time.sleep(0.1)
+        yield p, gw
+
+
+def test_worker_api_on_real_smg(gateway: tuple[SmgProc, HttpGateway], sims: tuple[SimProc, SimProc]) -> None:
+    p, gw = gateway
+    a, b = sims
+    worker_api_contract(gw, a.url, b.url, TIMEOUT_S)
+    assert gw.remove(a.url, timeout_s=TIMEOUT_S) is True
+    before = served(a), served(b)
+    assert [stream_once(p.url, 8) for _ in range(4)] == [None] * 4
+    assert (served(a), served(b)) == (before[0], before[1] + 4)  # a drained worker gets nothing new
+    assert gw.add(a.url, timeout_s=TIMEOUT_S).routable  # and its share again once it is back
+    assert [stream_once(p.url, 8) for _ in range(4)] == [None] * 4
+    assert served(a) == before[0] + 2
+
+
+def test_drain_waits_for_what_the_worker_still_runs(gateway: tuple[SmgProc, HttpGateway],
+                                                    sims: tuple[SimProc, SimProc]) -> None:
+    p, gw = gateway
+    a, _ = sims
+    results: list[str | None] = []
+    streams = [threading.Thread(target=lambda: results.append(stream_once(p.url, 200))) for _ in range(3)]
+    for t in streams:
+        t.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    while worker_in_flight(a.url) != 3:
+        assert time.monotonic() < deadline, "the streams never reached the worker"
+        time.sleep(0.02)
+    done = drain(gw, a.url, in_flight=lambda: worker_in_flight(a.url), timeout_s=TIMEOUT_S)
+    for t in streams:
+        t.join(timeout=TIMEOUT_S)
+    assert done.ok, done.detail
+    assert done.seconds > 0.5  # 200 tokens take seconds at the simulator's speed: it waited for them
+    assert results == [None, None, None]  # and they all ran to the end on the drained worker
+    assert worker_in_flight(a.url) == 0 and [w for w in gw.workers() if w.routable] == []
+
+
+def test_rollover_through_the_gateway_fails_no_request(gateway: tuple[SmgProc, HttpGateway],
+                                                       sims: tuple[SimProc, SimProc]) -> None:
+    p, gw = gateway
+    a, b = sims
+    gw.add(b.url, timeout_s=TIMEOUT_S)
+    # the newcomer starts now, outside the gateway; the client stops before any server does
+    with sim("--enable-metrics") as c, StreamingClient(p.url, clients=3, max_tokens=32) as client:
+        client.wait_for(10)
+        # the first server leaves: out of the pool, idle, then stopped for good
+        assert drain(gw, a.url, in_flight=lambda: worker_in_flight(a.url), timeout_s=TIMEOUT_S).ok
+        halt(a)
+        client.wait_for(client.sent + 10)
+        # the new one joins, then the second leaves the same way
+        gw.add(c.url, timeout_s=TIMEOUT_S)
+        client.wait_for(client.sent + 10)
+        assert drain(gw, b.url, in_flight=lambda: worker_in_flight(b.url), timeout_s=TIMEOUT_S).ok
+        halt(b)
+        client.wait_for(client.sent + 20)
+        on_c = served(c)
+    assert client.failures == []
+    assert client.ok >= 50
+    assert on_c >= 10  # the last part of the run went through the newcomer
