@@ -51,8 +51,7 @@ def served(s: SimProc) -> float:
 
 def halt(s: SimProc) -> None:
     """Stop a server for good (its fixture still cleans up after it)."""
-    s.proc.terminate()
-    s.proc.wait(10)
+    s.proc.stop(grace_s=10)
 
 
 @pytest.fixture

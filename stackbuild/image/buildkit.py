@@ -12,12 +12,11 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
+from stackbuild.effects import proc
 from stackbuild.errors import InfraError
 
 CANDIDATE_CLIS = ("docker", "/usr/bin/docker", "/usr/local/bin/docker")
@@ -77,18 +76,10 @@ def probe_clis(candidates: Sequence[str] = CANDIDATE_CLIS) -> list[CliProbe]:
         if not path or os.path.realpath(path) in seen:
             continue
         seen.add(os.path.realpath(path))
-        ver = _quiet([path, "--version"])
-        bx = _quiet([path, "buildx", "version"])
+        ver = proc.quiet([path, "--version"])
+        bx = proc.quiet([path, "buildx", "version"])
         out.append(CliProbe(path, parse_cli_version(ver or ""), bx is not None and "buildx" in bx.lower()))
     return out
-
-
-def _quiet(argv: list[str]) -> str | None:
-    try:
-        cp = subprocess.run(argv, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return cp.stdout if cp.returncode == 0 else None
 
 
 _BUILDER: list[Builder] = []
@@ -185,56 +176,22 @@ def stream_build(
 ) -> None:
     """Run the build, write every output line to `log_path`, raise InfraError naming it on failure."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    tail: list[str] = []
     with log_path.open("w") as log:
         log.write(f"$ {shlex.join(argv)}\n")
         log.flush()
         try:
-            proc = subprocess.Popen(
-                list(argv),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=dict(env),
-                text=True,
-                errors="replace",
-                bufsize=1,
-            )
-        except OSError as err:
-            raise InfraError(f"cannot run {argv[0]}: {err}", command=shlex.join(argv)) from err
-        assert proc.stdout is not None
-        try:
-            _pump(proc.stdout, log, tail, on_line)
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired as err:
-            proc.kill()
-            raise InfraError(
-                f"build timed out after {timeout:.0f}s",
-                command=shlex.join(argv),
-                output="".join(tail),
-                log_path=str(log_path),
-            ) from err
-        except BaseException:
-            proc.kill()
-            proc.wait()
+            done = proc.stream(argv, env=env, log=log, timeout=timeout, on_line=on_line, what="build")
+        except InfraError as err:
+            err.log_path = str(log_path)
             raise
-    if rc != 0:
+    if done.returncode != 0:
         raise InfraError(
-            f"build failed {summarize_failure(tail)}",
+            f"build failed {summarize_failure(list(done.tail))}",
             command=shlex.join(argv),
-            returncode=rc,
-            output="".join(tail),
+            returncode=done.returncode,
+            output="".join(done.tail),
             log_path=str(log_path),
         )
-
-
-def _pump(out: IO[str], log: IO[str], tail: list[str], on_line: Callable[[str], None] | None) -> None:
-    for line in out:
-        log.write(line)
-        tail.append(line)
-        del tail[:-40]
-        if on_line:
-            on_line(line.rstrip("\n"))
 
 
 _STEP_FAILED_RE = re.compile(r"^ ?> \[([^\]]+)\]")

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 
 from stackbuild.effects.net import free_port
+from stackbuild.effects.proc import Child
 from stackbuild.effects.readiness import HttpProbe, Pace, wait_ready
 
 
@@ -27,13 +26,13 @@ class SimProc:
         self.log = tempfile.NamedTemporaryFile(prefix="sim-", suffix=".log", delete=False)  # noqa: SIM115
         argv = [sys.executable, "-m", "stackbuild", "sim", "--port", str(self.port),
                 "--warmup-s", str(warmup_s), *args]
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = Child(argv, log=self.log)
 
     def wait_port(self, timeout: float = 15.0) -> SimProc:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sim exited {self.proc.returncode}: {self.output()}")
+                raise RuntimeError(f"sim exited {self.proc.poll()}: {self.output()}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port),
                                                                         0.2):
                 return self
@@ -55,16 +54,10 @@ class SimProc:
             return f.read()[-2000:]
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        code = self.proc.stop(grace_s=10)
         self.log.close()
         os.unlink(self.log.name)
-        return int(self.proc.returncode)
+        return code
 
 
 @contextlib.contextmanager
