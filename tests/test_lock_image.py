@@ -14,6 +14,8 @@ from stackbuild.image import smoke
 from stackbuild.paths import shipped_dir
 from stackbuild.render.stack import render_stack
 from stackbuild.spec.load import load_stack
+from stackbuild.spec.lock.resolve import header
+from stackbuild.spec.lock.target import build_lock_path, lock_path, target_of
 
 ROOT = shipped_dir("stacks").parent
 SGL_SOURCE = source_component(
@@ -25,18 +27,29 @@ SGL_SOURCE = source_component(
 )
 
 
-def test_source_build_stage_installs_its_backend_and_passes_cmake_options(tmp_path: Path) -> None:
+def test_source_build_stage_installs_its_locked_backend_at_the_locked_commit(tmp_path: Path) -> None:
     root = project(tmp_path, {"s.yaml": BASE.replace("  sgl_kernel: {version: 0.4.10}\n", SGL_SOURCE)})
-    dockerfile = render_stack(load_stack("s", root=root)).files["Dockerfile"]
+    stack = load_stack("s", root=root)
+    t = target_of(stack)
+    assert t is not None and t.build_tools == ("cmake==3.31.6", "scikit-build-core==0.11.5")
+    lock_path(stack).write_text(header(t, "s", [], {"sglang-kernel": "c0ffee" * 6 + "c0ff"}))
+    build_lock_path(stack).write_text(header(t, "s", []) + "cmake==3.31.6 \\\n    --hash=sha256:" + "e" * 64 + "\n")
+    rendered = render_stack(load_stack("s", root=root))
+    assert rendered.files["build-tools.lock"] == build_lock_path(stack).read_text()
+    dockerfile = rendered.files["Dockerfile"]
     stages = dockerfile.split("\n\nFROM ")
     assert stages[2:4] == [
         "deps AS sgl-kernel\n"
         "ENV FLASHINFER_NVCC_THREADS=${NVCC_THREADS}\n"
+        "COPY build-tools.lock /opt/stackbuild/\n"
         "RUN --mount=type=cache,target=/root/.cache/pip \\\n"
         "    --mount=type=cache,target=/root/.cache/ccache \\\n"
-        '    pip install "scikit-build-core==0.11.5" "cmake==3.31.6" \\\n'
+        "    pip install --require-hashes --no-deps --only-binary=:all: -r /opt/stackbuild/build-tools.lock \\\n"
         "    && git clone --depth 1 --branch v0.5.23 --recurse-submodules --shallow-submodules \\\n"
         "       https://github.com/sgl-project/sglang.git /src/sgl_kernel \\\n"
+        '    && { test "$(git -C /src/sgl_kernel rev-parse HEAD)" = ' + "c0ffee" * 6 + "c0ff \\\n"
+        "         || { echo 'sgl_kernel: source.ref no longer names the locked commit; run stackbuild lock s' >&2; "
+        "exit 1; }; } \\\n"
         "    && pip wheel --no-build-isolation --no-deps --wheel-dir /wheels/sgl_kernel \\\n"
         "       --config-settings=cmake.define.SGL_KERNEL_ENABLE_FP4=ON \\\n"
         "       --config-settings=cmake.define.SGL_KERNEL_COMPILE_THREADS=${NVCC_THREADS} \\\n"

@@ -1,4 +1,4 @@
-"""`list`, `validate`, `render`: the commands that only read specs and write text."""
+"""`list`, `validate`, `render`: the commands that only read specs and write text (`lock`: cli/lock.py)."""
 
 from __future__ import annotations
 
@@ -185,43 +185,3 @@ def render_cmd(
     for rel in files:
         click.echo(f"wrote {dest / rel}")
     click.echo(f"content hash {rendered.hash12}")
-
-
-@click.command("lock")
-@click.argument("stack")
-@click.option("--variant", default=None, help="Lock with this variant overlay applied.")
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write the lock here instead of stacks/locks/STACK.txt (its audit goes beside it).",
-)
-@click.option("--offline", is_flag=True, help="Resolve from uv's cache and audit from the committed audit + cache.")
-@click.pass_context
-def lock_cmd(ctx: click.Context, stack: str, variant: str | None, out: Path | None, offline: bool) -> None:
-    """Resolve STACK's whole Python closure into a hash-pinned lock and audit its native wheels.
-
-    The lock (stacks/locks/STACK.txt; STACK.VARIANT.txt for a variant whose
-    closure differs) pins every distribution by sha256 with the index it came
-    from; the audit (STACK.audit.json beside it) records, per native wheel, the
-    CUDA libraries it links and the GPU arches it carries. Errors (a newer CUDA
-    major than the stack's, a component with no kernel image for its arches, no
-    resolution) print located at the YAML line that brought them in, and
-    nothing is written.
-    """
-    from stackbuild.spec.load import load_stack
-    from stackbuild.spec.lock import run as lockrun
-
-    spec = load_stack(stack, root=_root(ctx), variant=variant)
-    result = lockrun.lock_stack(spec, offline=offline, progress=lambda m: click.echo(m, err=True))
-    if out is not None:
-        result.lock_file, result.audit_file = out, out.with_suffix(".audit.json")
-    for f in result.findings:
-        click.echo(str(f), err=True)
-    errors = [f for f in result.findings if f.severity == "error"]
-    if errors:
-        raise InputError(f"{len(errors)} error(s) in the resolved closure of {spec.label}; nothing was written")
-    lockrun.write(result)
-    for row in lockrun.table(spec, result):
-        click.echo(row)
-    click.echo(f"wrote {result.lock_file} and {result.audit_file}")

@@ -113,6 +113,13 @@ def server_argv(stack: Stack, *, port: int) -> list[str]:
     return [*argv, "--port", str(port), *flag_args(dict(s.flags))]
 
 
+def launch_args(stack: Stack) -> list[str]:
+    """The server's arguments as its unit passes them (from --model-path on): what sglang's parser is given
+    by the smoke test and by `lock --verify`."""
+    argv = server_argv(stack, port=stack.runtime.port)
+    return argv[argv.index("--model-path") :]
+
+
 def docker_run_argv(stack: Stack, *, image: str, port: int, name: str) -> list[str]:
     rt = stack.runtime
     argv = [DOCKER, "run", "--rm", "--name", name, "--network", "host"]

@@ -4,12 +4,10 @@ paths they object to (and values for the message). The table that names them is 
 from __future__ import annotations
 
 import re
-import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from stackbuild.errors import StackbuildError
-from stackbuild.paths import cache_dir
 from stackbuild.spec.facts import (
     ARCH_MIN_CUDA,
     CMAKE_OPTION_PREFIXES,
@@ -162,7 +160,7 @@ def pins(s: Stack) -> Iterator[Hit]:
     v = s.sglang_version
     if v is None:
         return
-    pins = release_pins(v)
+    pins = release_pins(v, s.root)
     for comp, dist in COMPONENT_DIST.items():
         c = getattr(s.components, comp)
         want = pins.get(dist)
@@ -170,17 +168,12 @@ def pins(s: Stack) -> Iterator[Hit]:
             yield ("components", comp, "version"), {"comp": comp, "have": c.version, "want": want, "sglang": v}
 
 
-def release_pins(version: str) -> dict[str, str]:
+def release_pins(version: str, root: Path | None = None) -> dict[str, str]:
+    """The release's own Requires-Dist pins: from its committed or cached table, else the facts table."""
     from stackbuild.spec import sglang
 
-    if sglang.wheel_path(version) or (cache_dir() / "sglang" / version / "flags.json").is_file():
-        try:
-            req = sglang.load_table(version, offline=True).requires
-            if req:
-                return req
-        except (StackbuildError, OSError, ValueError, KeyError, SyntaxError, zipfile.BadZipFile):
-            pass  # a broken cache entry falls back to the table below; `validate` reports it
-    return SGLANG_PINS.get(version, {})
+    known = sglang.known_table(version, root)
+    return (known.requires if known is not None else None) or SGLANG_PINS.get(version, {})
 
 
 def sglang_cuda13(s: Stack) -> Iterator[Hit]:
