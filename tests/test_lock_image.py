@@ -8,12 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers_spec import BASE, project, source_component
+from helpers_spec import BASE, parse_with_stand_in, project, source_component
 
 from stackbuild.image import smoke
 from stackbuild.paths import shipped_dir
 from stackbuild.render.stack import render_stack
 from stackbuild.spec.load import load_stack
+from stackbuild.spec.lock import verify
 from stackbuild.spec.lock.resolve import header
 from stackbuild.spec.lock.target import build_lock_path, lock_path, target_of
 
@@ -137,22 +138,11 @@ def test_a_source_built_torch_is_what_the_other_source_builds_compile_against(tm
 def test_parser_script_parses_with_the_servers_own_arguments_and_refuses_abbreviations(tmp_path: Path) -> None:
     """A stand-in for sglang's ServerArgs.add_cli_args (its real one imports torch): the script must use it,
     parse exactly the rendered argv, and refuse prefixes argparse would otherwise accept."""
-    pkg = tmp_path / "sglang" / "srt"
-    pkg.mkdir(parents=True)
-    (tmp_path / "sglang" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "server_args.py").write_text(
-        "class ServerArgs:\n"
-        "    @staticmethod\n"
-        "    def add_cli_args(p):\n"
-        "        for f in ('--model-path', '--served-model-name', '--host', '--port', '--tp-size'):\n"
-        "            p.add_argument(f)\n"
-    )
-    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    assert smoke.PARSER_SCRIPT == verify.PARSER_SCRIPT  # the smoke test and `lock --verify` parse alike
+    fields = "for f in ('--model-path', '--served-model-name', '--host', '--port', '--tp-size'):\n    p.add_argument(f)"
 
     def parse(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-c", smoke.PARSER_SCRIPT, *args]
-        return subprocess.run(argv, capture_output=True, text=True, env=env)
+        return parse_with_stand_in(tmp_path, fields, *args)
 
     ok = parse("--model-path", "/m", "--port", "30000", "--tp-size", "8")
     assert (ok.returncode, ok.stdout) == (0, "SERVER-ARGS-OK\n")

@@ -30,7 +30,13 @@ def _root(ctx: click.Context) -> Path | None:
 @click.option("--check", is_flag=True, help="Offline: exit 1 if a committed lock no longer answers its spec.")
 @click.option("--verify", is_flag=True, help="Install the lock into a scratch venv and run the image's checks.")
 @click.option("--python", "python", default=None, metavar="PATH", help="--verify: the interpreter to use.")
-@click.option("--keep-venv", is_flag=True, help="--verify: keep the venv (its path is printed).")
+@click.option("--keep-venv", is_flag=True, help="--verify: keep the scratch venv (its path is printed).")
+@click.option(
+    "--venv",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="--verify: install into DIR and keep it; a later --verify of the same lock reuses it (flags in seconds).",
+)
 @click.pass_context
 def lock_cmd(
     ctx: click.Context,
@@ -42,6 +48,7 @@ def lock_cmd(
     verify: bool,
     python: str | None,
     keep_venv: bool,
+    venv: Path | None,
 ) -> None:
     """Resolve STACK's whole Python closure into a hash-pinned lock and audit its native wheels.
 
@@ -75,7 +82,7 @@ def lock_cmd(
 
     spec = load_stack(stacks[0], root=_root(ctx), variant=variant)
     if verify:
-        _verify(spec, python, keep_venv)
+        _verify(spec, python, keep_venv, venv)
         return
     _resolve(spec, out, offline)
 
@@ -135,7 +142,7 @@ def _check(ctx: click.Context, names: tuple[str, ...], variant: str | None) -> N
         set_exit(EXIT_GATE_FAILED)
 
 
-def _verify(spec: Stack, python: str | None, keep: bool) -> None:
+def _verify(spec: Stack, python: str | None, keep: bool, venv: Path | None) -> None:
     from stackbuild.paths import templates_dir
     from stackbuild.render.stack import launch_args
     from stackbuild.spec.lock import check, verify
@@ -152,7 +159,6 @@ def _verify(spec: Stack, python: str | None, keep: bool) -> None:
         python=spec.python,
         lock=lock,
         target=t,
-        lock_text=lock.text,
         verify_script=(templates_dir() / "verify_image.py").read_text(encoding="utf-8"),
         torch_cuda=torch_cuda(spec, lock.text),
         server_args=launch_args(spec),
@@ -160,5 +166,5 @@ def _verify(spec: Stack, python: str | None, keep: bool) -> None:
     )
     t0 = time.monotonic()
     click.echo(f"verifying {spec.label}: {len(lock.entries)} locked distributions, python {spec.python}")
-    verify.verify(inputs, python=python, keep=keep, say=lambda m: click.echo(f"  {m}"))
+    verify.verify(inputs, python=python, keep=keep, venv=venv, say=lambda m: click.echo(f"  {m}"))
     click.echo(f"verified {spec.label} in {time.monotonic() - t0:.0f} s")

@@ -81,7 +81,11 @@ def _check_all(ctx: click.Context, name: str, offline: bool, variants: list[str 
 
 @click.command("validate")
 @click.argument("stacks", nargs=-1)
-@click.option("--offline", is_flag=True, help="Use only the cached SGLang flag tables; never download.")
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Never download: SGLang flag tables from stacks/locks/ or the cache; patches unchecked without the wheel.",
+)
 @click.pass_context
 def validate_cmd(ctx: click.Context, stacks: tuple[str, ...], offline: bool) -> None:
     """Check stack specs (all of them by default) and every variant.
@@ -141,7 +145,7 @@ def outputs_for(label: str, files: dict[str, str], out: Path | None, root: Path)
     "(default: only Dockerfile.<stack> at the project root).",
 )
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if the files on disk differ.")
-@click.option("--offline", is_flag=True, help="Use only the cached SGLang flag tables.")
+@click.option("--offline", is_flag=True, help="Never download (flag tables from stacks/locks/ or the cache).")
 @click.pass_context
 def render_cmd(
     ctx: click.Context, stack: str, variant: str | None, out: Path | None, check: bool, offline: bool

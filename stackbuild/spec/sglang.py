@@ -192,9 +192,18 @@ def check_env(table: Table, name: str) -> FlagIssue | None:
     )
 
 
-# sglang's EnvBool.parse (srt/environ.py): these spellings, case-insensitive; anything else raises
-# ValueError when the server reads the variable.
-ENV_BOOL_VALUES = ("true", "1", "yes", "y", "false", "0", "no", "n")
+# sglang's EnvBool (0.5.23 srt/environ.py:143-150): these spellings, case-insensitive, mean true or false;
+# any other value makes EnvField.get (environ.py:67-86) warn "Invalid value" and return the default.
+ENV_TRUE = ("true", "1", "yes", "y")
+ENV_FALSE = ("false", "0", "no", "n")
+ENV_BOOL_VALUES = ENV_TRUE + ENV_FALSE
+
+
+def env_bool(value: str | None, default: bool) -> bool:
+    """What sglang's EnvBool.get() returns for an env value (None: unset)."""
+    if value is None or value.lower() not in ENV_BOOL_VALUES:
+        return default
+    return value.lower() in ENV_TRUE
 
 
 def check_env_value(table: Table, name: str, value: str) -> FlagIssue | None:
@@ -202,8 +211,8 @@ def check_env_value(table: Table, name: str, value: str) -> FlagIssue | None:
     if canonical in table.env_bool and value.lower() not in ENV_BOOL_VALUES:
         return FlagIssue(
             "error",
-            f"env {name}={value!r}: sglang {table.version} parses it as a boolean and raises on that value; "
-            "use 1/0 or true/false",
+            f"env {name}={value!r}: sglang {table.version} reads it as a boolean (true/1/yes/y or false/0/no/n), "
+            "warns 'Invalid value' and keeps the default; use 1/0 or true/false",
             "sglang-env-bool",
         )
     return None

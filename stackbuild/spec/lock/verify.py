@@ -11,6 +11,7 @@ commands are small pure argv builders and the runner is effects.proc's (a FakeRu
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import re
@@ -25,7 +26,7 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from stackbuild.effects import proc
-from stackbuild.errors import GateFailed, InfraError
+from stackbuild.errors import GateFailed, InfraError, InputError
 from stackbuild.spec.lock import wheels
 from stackbuild.spec.lock.resolve import Lock
 from stackbuild.spec.lock.target import Target
@@ -67,7 +68,7 @@ class Report:
 
 
 def venv_argv(python: str, venv: Path) -> list[str]:
-    return [python, "-m", "venv", str(venv)]
+    return [python, "-m", "venv", "--clear", str(venv)]
 
 
 def install_argv(vpy: Path, links: Path, lock_file: Path) -> list[str]:
@@ -194,7 +195,6 @@ class Inputs:
     python: str
     lock: Lock
     target: Target
-    lock_text: str
     verify_script: str
     torch_cuda: str
     server_args: list[str]  # the rendered server command from --model-path on
@@ -206,11 +206,16 @@ def verify(
     *,
     python: str | None = None,
     keep: bool = False,
+    venv: Path | None = None,
     run: Run = proc.run,
     fetch: Fetch = fetch_all,
     say: Callable[[str], None] = lambda _: None,
 ) -> Report:
-    """Install the lock into a scratch venv and run the image's checks there; raise on the first that fails."""
+    """Install the lock into a scratch venv and run the image's checks there; raise on the first that fails.
+
+    The venv is removed afterwards unless `keep`; `venv` names one to install into and keep, which a later
+    run of the same lock reuses without installing again (its stamp file holds the lock's sha256).
+    """
     report = Report()
 
     def step(line: str, since: float) -> None:
@@ -232,29 +237,48 @@ def verify(
         )
     work = Path(tempfile.mkdtemp(prefix=f"stackbuild-verify-{inp.label}-"))
     try:
-        _install_and_check(inp, py, files, work, run=run, step=step)
+        _install(inp, py, files, work, venv or work / "venv", run=run, step=step)
+        _checks(inp, (venv or work / "venv") / "bin" / "python", work, run=run, step=step)
     finally:
-        if keep:
-            say(f"kept the venv: {work / 'venv'}")
-        else:
+        if keep or venv is not None:
+            say(f"kept the venv: {venv or work / 'venv'}")
+        if not keep:
             shutil.rmtree(work, ignore_errors=True)
     return report
 
 
-def _install_and_check(
-    inp: Inputs, py: Python, files: list[wheels.WheelFile], work: Path, *, run: Run, step: Callable[[str, float], None]
+STAMP = "stackbuild-lock.sha256"
+
+
+def _install(
+    inp: Inputs, py: Python, files: list[wheels.WheelFile], work: Path, venv: Path, *, run: Run,
+    step: Callable[[str, float], None],
 ) -> None:
-    venv, vpy = work / "venv", work / "venv" / "bin" / "python"
-    lock_file, script = work / "requirements.lock", work / "verify_image.py"
-    lock_file.write_text(inp.lock_text, encoding="utf-8")
-    script.write_text(inp.verify_script, encoding="utf-8")
-    link_dir(files, work / "wheels")
+    """The venv, created and filled from the lock, unless it already holds this lock's install."""
+    (work / "requirements.lock").write_text(inp.lock.text, encoding="utf-8")
+    (work / "verify_image.py").write_text(inp.verify_script, encoding="utf-8")
+    digest = hashlib.sha256(inp.lock.text.encode()).hexdigest()
+    stamp = venv / STAMP
     t0 = time.monotonic()
+    if stamp.is_file() and stamp.read_text().strip() == digest and (venv / "bin" / "python").exists():
+        step(f"reused {venv}: it holds this lock's install", t0)
+        return
+    if venv.exists() and any(venv.iterdir()) and not stamp.is_file():
+        raise InputError(f"--venv {venv} is not empty and not a venv `lock --verify` made; name a new directory")
+    link_dir(files, work / "wheels")
     run(venv_argv(py.path, venv), timeout=300, what=f"creating a python {py.version} venv")
-    done = run(install_argv(vpy, work / "wheels", lock_file), check=False, timeout=3600, what="pip install")
+    done = run(install_argv(venv / "bin" / "python", work / "wheels", work / "requirements.lock"), check=False,
+               timeout=3600, what="pip install")
     if done.returncode != 0:
         raise VerifyFailed(f"installing the lock failed: {_tail(done.stderr or done.stdout)}")
+    venv.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(digest + "\n")
     step(f"installed {len(files)} distributions: hash-checked, wheels only, no dependency resolution", t0)
+
+
+def _checks(inp: Inputs, vpy: Path, work: Path, *, run: Run, step: Callable[[str, float], None]) -> None:
+    """The image's own checks, in the venv: pip check, verify_image.py, sglang's parser on the rendered flags."""
+    lock_file, script = work / "requirements.lock", work / "verify_image.py"
     t0 = time.monotonic()
     done = run(check_argv(vpy), check=False, timeout=600, what="pip check")
     if done.returncode != 0:
