@@ -26,7 +26,7 @@ from stackbuild.spec.facts import (
 )
 from stackbuild.spec.facts import driver_floor as driver_floor  # re-exported: preflight checks the same floor
 from stackbuild.spec.patches import changes
-from stackbuild.spec.sglang import env_bool
+from stackbuild.spec.sglang import env_bool, known_table
 from stackbuild.spec.stack import Stack
 
 Hit = tuple[tuple[str | int, ...], dict[str, Any]]
@@ -191,9 +191,7 @@ def pins(s: Stack) -> Iterator[Hit]:
 
 def release_pins(version: str, root: Path | None = None) -> dict[str, str]:
     """The release's own Requires-Dist pins: from its committed or cached table, else the facts table."""
-    from stackbuild.spec import sglang
-
-    known = sglang.known_table(version, root)
+    known = known_table(version, root)
     return (known.requires if known is not None else None) or SGLANG_PINS.get(version, {})
 
 
