@@ -32,6 +32,8 @@ def test_every_shipped_lock_is_current(capsys: pytest.CaptureFixture[str]) -> No
         "cuda13: up to date: stacks/locks/cuda13.txt, as of 2026-12-02T00:00:00Z",
         "sim: nothing to lock",
     ]
+    rc, _, out = run_cli(capsys, "--root", str(ROOT), "lock", "--check", "cuda13", "--variant", "eagle3-topk1")
+    assert (rc, out) == (0, "cuda13-eagle3-topk1: up to date: stacks/locks/cuda13.txt, as of 2026-12-02T00:00:00Z\n")
 
 
 def test_a_changed_input_makes_check_fail_and_name_the_command(

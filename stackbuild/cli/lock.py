@@ -117,7 +117,7 @@ def _locked(ctx: click.Context, names: tuple[str, ...], variant: str | None) -> 
         base = load_stack(name, root=_root(ctx))
         for v in [variant] if variant else [None, *base.variants]:
             stack = base if v is None else load_stack(name, root=_root(ctx), variant=v)
-            if v is None or own_lock(stack):
+            if v is None or v == variant or own_lock(stack):  # a variant named is checked, whichever lock it uses
                 out.append(stack)
     return out
 
