@@ -24,6 +24,7 @@ lint: install
 	$(PY) -m ruff check stackbuild tests bench
 	$(PY) -m mypy
 	$(PY) -m stackbuild render cuda13 --check
+	$(PY) -m stackbuild lock --check
 
 install: $(STAMP)
 

@@ -2,8 +2,9 @@
 
 Cold: a fresh stackbuild cache (wheels, audits) and a fresh uv cache, so every
 native wheel of both closures is downloaded and read (several GB). Warm: the
-same again with those caches filled. The locks are written to a temp dir, never
-over the committed ones. `--warm-only` skips the cold pass.
+same again with those caches filled. Both lock a copy of stacks/ without its
+committed audits (`lock` takes a committed audit of the same file as read), and
+write to a temp dir, never over the committed files. `--warm-only` skips the cold pass.
 Last line: `lock_audit: cold_s=X warm_s=Y validate_all_s=Z` (per stack above it).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,8 +26,9 @@ STACKS = ("cuda12.8", "cuda13")
 def lock_once(stack: str, out: Path, env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "stackbuild", "lock", stack, "--out", str(out / f"{stack}.txt")],
-        cwd=ROOT,
+        [sys.executable, "-m", "stackbuild", "--root", str(out.parent), "lock", stack,
+         "--out", str(out / f"{stack}.txt")],
+        cwd=out.parent,
         env=env,
         check=True,
         capture_output=True,
@@ -49,6 +52,7 @@ def main() -> int:
     user = {**os.environ, "PYTHONPATH": str(ROOT)}
     env = user
     with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(ROOT / "stacks", Path(tmp) / "stacks", ignore=shutil.ignore_patterns("*.audit.json"))
         out = Path(tmp) / "locks"
         out.mkdir()
         if not args.warm_only:

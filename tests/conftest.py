@@ -234,20 +234,49 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(module.__name__))
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    if not hasattr(session.config, "workerinput"):  # the controller, not an xdist worker
-        from test_deploy_support import figures_path
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """One cache root for the whole run, under pytest's temp dir: no test reads or writes the user's
+    cache, and every subprocess a test starts (the CLI, builds, uv, the simulator) inherits it.
 
-        figures_path().unlink(missing_ok=True)
+    Under pytest-xdist each worker's basetemp is `<controller basetemp>/popen-gwN`, so the workers
+    share `<controller basetemp>/stackbuild-cache`: a wheel one worker fetched is there for the
+    others (every write into the cache is a temp name renamed into place).
+    """
+    base = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):
+        base = base.parent
+    root = base / "stackbuild-cache"
+    root.mkdir(exist_ok=True)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("STACKBUILD_CACHE_DIR", str(root))
+    mp.setenv("UV_CACHE_DIR", str(root / "uv"))  # uv's cache too: a resolution is not decided by the user's
+    yield root
+    mp.undo()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands the figures its tests measured to the controller (no shared file)."""
+    from test_deploy_support import FIGURES
+
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["stackbuild_figures"] = json.dumps(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """The controller collects each worker's figures as the worker finishes."""
+    from test_deploy_support import FIGURES
+
+    FIGURES.extend(json.loads(getattr(node, "workeroutput", {}).get("stackbuild_figures", "[]")))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The downtime figures the deploy tests measured this session (a report, not a test)."""
-    from test_deploy_support import figures_path
+    from test_deploy_support import FIGURES
 
-    path = figures_path()
-    lines = path.read_text().splitlines() if path.exists() else []
-    if lines:
+    if FIGURES:
         terminalreporter.write_sep("-", "incumbent downtime measured by the deploy tests")
-        for line in lines:
-            terminalreporter.write_line(", ".join(f"{k}={v}" for k, v in json.loads(line).items()))
+        for fig in FIGURES:
+            terminalreporter.write_line(", ".join(f"{k}={v}" for k, v in fig.items()))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,7 +51,7 @@ def write_empty_lock(root: Path, name: str, body: str = "") -> None:
     from stackbuild.errors import SpecError
     from stackbuild.spec.load import load_stack
     from stackbuild.spec.lock.resolve import header
-    from stackbuild.spec.lock.target import lock_path, target_of
+    from stackbuild.spec.lock.target import build_lock_path, lock_path, target_of
 
     try:
         stack = load_stack(name, root=root)
@@ -59,6 +61,8 @@ def write_empty_lock(root: Path, name: str, body: str = "") -> None:
     if t is not None:
         lock_path(stack).parent.mkdir(parents=True, exist_ok=True)
         lock_path(stack).write_text(header(t, name, []) + body)
+        if t.build_tools:  # the source stages' build tools, resolved for the same inputs
+            build_lock_path(stack).write_text(header(t, name, []))
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str, cwd: Path | None = None) -> tuple[int, list[str], str]:
@@ -79,3 +83,21 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str, cwd: Path | None = N
 def source_component(comp: str, version: str, repo: str, ref: str, last: str) -> str:
     """A components entry built from source, as YAML lines under `components:`; `last` is its final key."""
     return f"  {comp}:\n    version: {version}\n    source:\n      repo: {repo}\n      ref: {ref}\n      {last}\n"
+
+
+def parse_with_stand_in(tmp_path: Path, add_cli_args: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The parser script (stackbuild.spec.lock.verify.PARSER_SCRIPT) under real argparse, with a stand-in for
+    sglang's ServerArgs.add_cli_args (the real one imports torch); `add_cli_args` is its body, on `p`."""
+    from stackbuild.spec.lock.verify import PARSER_SCRIPT
+
+    pkg = tmp_path / "sglang" / "srt"
+    pkg.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    body = "".join(f"        {ln}\n" for ln in add_cli_args.splitlines())
+    (pkg / "server_args.py").write_text(
+        f"class ServerArgs:\n    @staticmethod\n    def add_cli_args(p):\n{body}"
+    )
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, "-c", PARSER_SCRIPT, *args]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, check=False)

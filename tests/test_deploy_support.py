@@ -347,9 +347,9 @@ def cleanup_project(p: Project) -> None:
         docker("rm", "-f", unit, check=False)
 
 
-def figures_path() -> Path:
-    """One JSON line per figure: test workers (pytest-xdist) append, the summary reads them all."""
-    return Path(os.environ.get("STACKBUILD_DEPLOY_FIGURES", "/tmp/stackbuild-deploy-figures.jsonl"))
+# One dict per figure the deploy tests measured; conftest.py prints them at the end of the run
+# (an xdist worker sends its own to the controller).
+FIGURES: list[dict[str, object]] = []
 
 
 def reported_downtime(stdout: str) -> float | None:
@@ -361,5 +361,4 @@ def reported_downtime(stdout: str) -> float | None:
 
 
 def record_figure(**kw: object) -> None:
-    with figures_path().open("a") as f:
-        f.write(json.dumps(kw) + "\n")
+    FIGURES.append(kw)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from helpers_spec import BASE, project, run_cli
 
+from stackbuild.spec import sglang
 from stackbuild.spec.lock import audit, resolve, wheels
 from stackbuild.spec.lock.target import Target
 
@@ -37,6 +38,8 @@ def fake_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str
         return wheels.WheelFile(f"{dist}-{e.version}-{tag}.whl", "https://example.invalid/x", e.hashes[0])
 
     monkeypatch.setattr(wheels, "locate", locate)
+    # the release's flag table as the wheel would give it: the committed one
+    monkeypatch.setattr(sglang, "table_of_wheel", lambda v: sglang.committed_table(v))
     audit.store(audit.WheelAudit("torch-2.14.1.whl", H_TORCH, 14, {"libcudart.so.13": 13}, [100, 120], [], []))
     return state
 
@@ -52,8 +55,11 @@ def test_lock_writes_lock_and_audit_and_prints_the_table(
         "  CUDA majors linked: 13 (1 wheels)",
         "  sm_120: SASS in 1, PTX only in 0, neither in 0",
         f"    {'torch':<32} links {'libcudart.so.13':<40} sass {'100,120':<28} ptx -",
-        f"wrote {root}/stacks/locks/s.txt and {root}/stacks/locks/s.audit.json",
+        f"wrote {root}/stacks/locks/s.txt, {root}/stacks/locks/s.audit.json, "
+        f"{root}/stacks/locks/sglang-0.5.23.flags.json",
     ]
+    # the table beside the lock is the release's own, for `validate --offline` in a fresh clone
+    assert sglang.committed_table("0.5.23", root) == sglang.committed_table("0.5.23")
     text = (root / "stacks" / "locks" / "s.txt").read_text()
     assert text.splitlines()[4] == "# native: torch"
     assert text.endswith(fake_index["body"])

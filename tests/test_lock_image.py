@@ -8,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers_spec import BASE, project, source_component
+from helpers_spec import BASE, parse_with_stand_in, project, source_component
 
 from stackbuild.image import smoke
 from stackbuild.paths import shipped_dir
 from stackbuild.render.stack import render_stack
 from stackbuild.spec.load import load_stack
+from stackbuild.spec.lock import verify
+from stackbuild.spec.lock.resolve import header
+from stackbuild.spec.lock.target import build_lock_path, lock_path, target_of
 
 ROOT = shipped_dir("stacks").parent
 SGL_SOURCE = source_component(
@@ -25,18 +28,29 @@ SGL_SOURCE = source_component(
 )
 
 
-def test_source_build_stage_installs_its_backend_and_passes_cmake_options(tmp_path: Path) -> None:
+def test_source_build_stage_installs_its_locked_backend_at_the_locked_commit(tmp_path: Path) -> None:
     root = project(tmp_path, {"s.yaml": BASE.replace("  sgl_kernel: {version: 0.4.10}\n", SGL_SOURCE)})
-    dockerfile = render_stack(load_stack("s", root=root)).files["Dockerfile"]
+    stack = load_stack("s", root=root)
+    t = target_of(stack)
+    assert t is not None and t.build_tools == ("cmake==3.31.6", "scikit-build-core==0.11.5")
+    lock_path(stack).write_text(header(t, "s", [], {"sglang-kernel": "c0ffee" * 6 + "c0ff"}))
+    build_lock_path(stack).write_text(header(t, "s", []) + "cmake==3.31.6 \\\n    --hash=sha256:" + "e" * 64 + "\n")
+    rendered = render_stack(load_stack("s", root=root))
+    assert rendered.files["build-tools.lock"] == build_lock_path(stack).read_text()
+    dockerfile = rendered.files["Dockerfile"]
     stages = dockerfile.split("\n\nFROM ")
     assert stages[2:4] == [
         "deps AS sgl-kernel\n"
         "ENV FLASHINFER_NVCC_THREADS=${NVCC_THREADS}\n"
+        "COPY build-tools.lock /opt/stackbuild/\n"
         "RUN --mount=type=cache,target=/root/.cache/pip \\\n"
         "    --mount=type=cache,target=/root/.cache/ccache \\\n"
-        '    pip install "scikit-build-core==0.11.5" "cmake==3.31.6" \\\n'
+        "    pip install --require-hashes --no-deps --only-binary=:all: -r /opt/stackbuild/build-tools.lock \\\n"
         "    && git clone --depth 1 --branch v0.5.23 --recurse-submodules --shallow-submodules \\\n"
         "       https://github.com/sgl-project/sglang.git /src/sgl_kernel \\\n"
+        '    && { test "$(git -C /src/sgl_kernel rev-parse HEAD)" = ' + "c0ffee" * 6 + "c0ff \\\n"
+        "         || { echo 'sgl_kernel: source.ref no longer names the locked commit; run stackbuild lock s' >&2; "
+        "exit 1; }; } \\\n"
         "    && pip wheel --no-build-isolation --no-deps --wheel-dir /wheels/sgl_kernel \\\n"
         "       --config-settings=cmake.define.SGL_KERNEL_ENABLE_FP4=ON \\\n"
         "       --config-settings=cmake.define.SGL_KERNEL_COMPILE_THREADS=${NVCC_THREADS} \\\n"
@@ -124,22 +138,11 @@ def test_a_source_built_torch_is_what_the_other_source_builds_compile_against(tm
 def test_parser_script_parses_with_the_servers_own_arguments_and_refuses_abbreviations(tmp_path: Path) -> None:
     """A stand-in for sglang's ServerArgs.add_cli_args (its real one imports torch): the script must use it,
     parse exactly the rendered argv, and refuse prefixes argparse would otherwise accept."""
-    pkg = tmp_path / "sglang" / "srt"
-    pkg.mkdir(parents=True)
-    (tmp_path / "sglang" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "server_args.py").write_text(
-        "class ServerArgs:\n"
-        "    @staticmethod\n"
-        "    def add_cli_args(p):\n"
-        "        for f in ('--model-path', '--served-model-name', '--host', '--port', '--tp-size'):\n"
-        "            p.add_argument(f)\n"
-    )
-    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    assert smoke.PARSER_SCRIPT == verify.PARSER_SCRIPT  # the smoke test and `lock --verify` parse alike
+    fields = "for f in ('--model-path', '--served-model-name', '--host', '--port', '--tp-size'):\n    p.add_argument(f)"
 
     def parse(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-c", smoke.PARSER_SCRIPT, *args]
-        return subprocess.run(argv, capture_output=True, text=True, env=env)
+        return parse_with_stand_in(tmp_path, fields, *args)
 
     ok = parse("--model-path", "/m", "--port", "30000", "--tp-size", "8")
     assert (ok.returncode, ok.stdout) == (0, "SERVER-ARGS-OK\n")

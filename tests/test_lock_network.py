@@ -170,3 +170,29 @@ def test_the_aot_driver_fits_the_real_flashinfer_wheel() -> None:
     assert 'FLASHINFER_AOT_DIR: pathlib.Path = _package_root / "data" / "aot"' in env
     assert 'fallback_path = FLASHINFER_AOT_DIR / module_name / f"{module_name}.so"' in env
     assert 'FLASHINFER_DATA: pathlib.Path = _package_root / "data"' in env
+
+
+SHIPPED_ROOT = Path(__file__).parents[1]
+
+
+@pytest.mark.parametrize("name", ["cuda13", "cuda12.8"])
+def test_a_relock_reproduces_the_committed_lock_line_for_line(name: str) -> None:
+    """Resolved as of its lock.exclude_newer against today's index: the committed file, to the byte."""
+    from stackbuild.spec.load import load_stack
+    from stackbuild.spec.lock import check
+
+    stack = load_stack(name, root=SHIPPED_ROOT)
+    t = target.target_of(stack)
+    lock = check.read_lock(stack)
+    assert t is not None and t.exclude_newer and lock is not None
+    committed_body = lock.text.split("\n", 5)[5]
+    assert resolve.resolve(t).splitlines() == committed_body.splitlines()
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.10.post1"])
+def test_the_committed_flag_tables_are_what_the_wheels_say(version: str) -> None:
+    """stacks/locks/sglang-VERSION.flags.json, regenerated from the real wheel (into the session cache)."""
+    from stackbuild.spec import sglang
+
+    committed = (SHIPPED_ROOT / "stacks" / "locks" / sglang.table_name(version)).read_text()
+    assert sglang.table_of_wheel(version).to_json() + "\n" == committed

@@ -16,7 +16,15 @@ import pytest
 from helpers_spec import BASE, project, run_cli
 
 from stackbuild.paths import shipped_dir
-from stackbuild.render.stack import docker_run_argv, exec_line, flag_args, render_stack, server_argv, systemd_quote
+from stackbuild.render.stack import (
+    docker_run_argv,
+    exec_line,
+    flag_args,
+    render_stack,
+    server_argv,
+    systemd_quote,
+    torch_arch,
+)
 from stackbuild.spec.load import load_stack
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -271,3 +279,21 @@ def test_sim_flag_table_is_what_the_sim_command_takes() -> None:
 
     opts = {o for p in sim_cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")}
     assert opts - {"--help"} == SIM_FLAGS
+
+
+@pytest.mark.parametrize(
+    ("arch", "word"),
+    [("sm_90", "9.0"), ("sm_90a", "9.0a"), ("sm_86", "8.6"), ("sm_100a", "10.0a"), ("sm_120", "12.0"),
+     ("sm_120f", "12.0"), ("sm_121a", "12.1a"), ("gfx90a", None)],
+)
+def test_torch_arch_words_are_what_torch_s_parser_accepts(arch: str, word: str | None) -> None:
+    """torch 2.14.1 cpp_extension.py _get_cuda_arch_flags: MAJOR.MINOR[a], two-digit arches included."""
+    assert torch_arch(arch) == word
+
+
+def test_an_sm90_stack_renders_a_non_empty_torch_arch_list(tmp_path: Path) -> None:
+    root = project(tmp_path, {"s.yaml": BASE.replace("arches: [sm_120]", "arches: [sm_90a, sm_120]")})
+    dockerfile = render_stack(load_stack("s", root=root)).files["Dockerfile"]
+    assert '    TORCH_CUDA_ARCH_LIST="9.0a;12.0+PTX"\n' in dockerfile
+    root = project(tmp_path / "h", {"s.yaml": BASE.replace("arches: [sm_120]", "arches: [sm_90]")})
+    assert '    TORCH_CUDA_ARCH_LIST="9.0+PTX"\n' in render_stack(load_stack("s", root=root)).files["Dockerfile"]

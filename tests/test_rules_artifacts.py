@@ -7,6 +7,12 @@ from pathlib import Path
 import pytest
 from helpers_spec import BASE, project, run_cli, source_component
 
+from stackbuild.paths import shipped_dir
+from stackbuild.spec.conditions import lifted_gates
+from stackbuild.spec.load import load_stack
+from stackbuild.spec.rules import check_rules
+from stackbuild.spec.sglang import env_bool
+
 FI_REPO = "https://github.com/flashinfer-ai/flashinfer.git"
 FI_SOURCE = source_component("flashinfer", "0.7.2", FI_REPO, "v0.7.2", 'env: {FLASHINFER_DISABLE_JIT: "0"}')
 SGL_REPO = "https://github.com/sgl-project/sglang.git"
@@ -78,6 +84,75 @@ def test_sglang_boolean_env_by_sglang_s_own_parser(tmp_path: Path, capsys: pytes
     rc, err = findings(tmp_path, capsys, BASE.replace('ALLREDUCE: "1"', 'ALLREDUCE: "on"'))
     assert rc == 2
     assert err == [
-        "stacks/s.yaml:14:5: error: server.env: env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE='on': sglang 0.5.23 parses "
-        "it as a boolean and raises on that value; use 1/0 or true/false [sglang-env-bool]"
+        "stacks/s.yaml:14:5: error: server.env: env SGLANG_ENABLE_PCIE_IPC_ALLREDUCE='on': sglang 0.5.23 reads it "
+        "as a boolean (true/1/yes/y or false/0/no/n), warns 'Invalid value' and keeps the default; use 1/0 or "
+        "true/false [sglang-env-bool]"
+    ]
+
+
+SHIPPED_PATCH = (shipped_dir("stacks") / "patches" / "sglang-0.5.23-sm120-trtllm-allreduce.patch").read_text()
+FUSION = BASE.replace("    --tp-size: 8\n", "    --tp-size: 8\n    --flashinfer-allreduce-fusion-backend: auto\n")
+
+
+def rules_of(tmp_path: Path, text: str, patch: str | None = None) -> list[str]:
+    """The rules' findings alone (pure: no wheel, no lock), `patch` as the stack's one patch."""
+    if patch is not None:
+        text += "patches: [patches/p.patch]\n"
+        (tmp_path / "stacks" / "patches").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "stacks" / "patches" / "p.patch").write_text(patch)
+    root = project(tmp_path, {"s.yaml": text}, lock=False)
+    return [str(f).split(": ", 1)[1] for f in check_rules(load_stack("s", root=root))]
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [("1", True), ("true", True), ("YES", True), ("y", True), ("0", False), ("false", False), ("No", False),
+     ("n", False), ("on", False), ("", False), (None, False)],
+)
+def test_env_bool_reads_a_value_as_sglang_does(value: str | None, on: bool) -> None:
+    """0.5.23 srt/environ.py:143-150 EnvBool.parse; anything else (and unset) is the default, False here."""
+    assert env_bool(value, False) is on
+    assert env_bool("maybe", True) is True
+
+
+@pytest.mark.parametrize(("value", "warns"), [("1", True), ("yes", True), ("0", False), ("false", False),
+                                              ("no", False)])
+def test_the_trtllm_patch_displaces_pcie_ipc_only_when_the_env_is_on(
+    tmp_path: Path, value: str, warns: bool
+) -> None:
+    text = BASE.replace('ALLREDUCE: "1"', f'ALLREDUCE: "{value}"')
+    assert any("[patch-trtllm-displaces-ipc]" in f for f in rules_of(tmp_path, text, SHIPPED_PATCH)) is warns
+
+
+def test_the_fusion_rule_reads_what_a_patch_changes_not_which_file(tmp_path: Path) -> None:
+    gate = "sglang/srt/layers/flashinfer_comm_fusion.py"
+    assert lifted_gates(SHIPPED_PATCH) == {gate}
+    comment_only = (
+        f"--- a/{gate}\n+++ b/{gate}\n@@ -45,3 +45,4 @@\n \n def _resolve_backend(backend: str, is_multi_node: bool "
+        '= False) -> str:\n     """Resolve the requested FlashInfer allreduce fusion backend."""\n+    # SM120: see '
+        "the stackbuild notes\n"
+    )
+    assert lifted_gates(comment_only) == set()
+    found = rules_of(tmp_path / "a", FUSION, comment_only)
+    assert [f.rsplit(" [", 1)[1] for f in found] == ["sm120-fusion-patch]"]
+    assert not [f for f in rules_of(tmp_path / "b", FUSION, SHIPPED_PATCH) if "sm120-fusion" in f]
+
+
+def test_a_release_newer_than_any_read_is_unknown_not_fine(tmp_path: Path) -> None:
+    text = FUSION.replace("sglang: {version: 0.5.23}", "sglang: {version: 0.5.24}")
+    assert [f for f in rules_of(tmp_path, text) if "sm120-fusion" in f] == [
+        "warning: --flashinfer-allreduce-fusion-backend on sm_120: whether sglang 0.5.24 runs allreduce fusion on "
+        "SM120 is unknown (stackbuild has read its gate up to 0.5.23); check srt/layers/flashinfer_comm_fusion.py "
+        "and communicator.py of 0.5.24 [sm120-fusion-unknown]"
+    ]
+
+
+def test_the_fusion_rule_says_what_each_release_does(tmp_path: Path) -> None:
+    text = FUSION.replace("13.0.1", "12.8.1").replace("cu130", "cu126").replace("0.5.23", "0.5.10.post1")
+    assert [f for f in rules_of(tmp_path, text) if "[sm120-fusion-patch]" in f] == [
+        "error: --flashinfer-allreduce-fusion-backend on sm_120: sglang 0.5.10.post1 turns it off without a word "
+        "(srt/layers/communicator.py:96-110 apply_flashinfer_allreduce_fusion needs SM90 or SM100); drop it (fused "
+        "allreduce+RMSNorm is gated to SM90/SM100 in add_norm.py) or add a patch that lets SM120 through that "
+        "gate, like stacks/patches/sglang-0.5.23-sm120-trtllm-allreduce.patch (FlashInfer's plain trtllm "
+        "allreduce only) [sm120-fusion-patch]"
     ]

@@ -107,10 +107,11 @@ CASES = [
     ),
     pytest.param(
         BASE.replace("    --tp-size: 8\n", "    --tp-size: 8\n    --flashinfer-allreduce-fusion-backend: auto\n"),
-        "stacks/s.yaml:13:5: error: --flashinfer-allreduce-fusion-backend on sm_120 with sglang 0.5.23 raises "
-        "'requires SM90 or SM10X'; drop it (fused allreduce+RMSNorm is gated to SM90/SM100 in add_norm.py) "
-        "or add the trtllm-allreduce patch (stacks/patches/), which enables FlashInfer's plain trtllm "
-        "allreduce only [sm120-fusion-patch]",
+        "stacks/s.yaml:13:5: error: --flashinfer-allreduce-fusion-backend on sm_120: sglang 0.5.23 raises "
+        "'FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.' (srt/layers/flashinfer_comm_fusion.py:"
+        "46-50 _resolve_backend); drop it (fused allreduce+RMSNorm is gated to SM90/SM100 in add_norm.py) or add "
+        "a patch that lets SM120 through that gate, like stacks/patches/sglang-0.5.23-sm120-trtllm-allreduce.patch "
+        "(FlashInfer's plain trtllm allreduce only) [sm120-fusion-patch]",
         id="fusion-needs-patch",
     ),
     pytest.param(

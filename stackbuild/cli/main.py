@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("stackbuild.cli.spec:list_cmd", "List the stacks and their variants."),
     "validate": ("stackbuild.cli.spec:validate_cmd", "Check stack specs; errors point into the YAML."),
     "render": ("stackbuild.cli.spec:render_cmd", "Render Dockerfile, systemd units and stack.lock.json."),
-    "lock": ("stackbuild.cli.spec:lock_cmd", "Resolve a stack's closure to a hash-pinned lock; audit it."),
+    "lock": ("stackbuild.cli.lock:lock_cmd", "Resolve a closure to a hash-pinned lock; audit, check, verify it."),
     "build": ("stackbuild.cli.build:build_cmd", "Build the stack image with BuildKit, smoke-test it, push it."),
     "promote": ("stackbuild.cli.build:promote_cmd", "Point a registry channel tag at an image digest."),
     "deploy": ("stackbuild.cli.deploy:deploy_cmd", "Deploy to a host over SSH, gate it, promote or roll back."),

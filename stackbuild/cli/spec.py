@@ -1,4 +1,4 @@
-"""`list`, `validate`, `render`: the commands that only read specs and write text."""
+"""`list`, `validate`, `render`: the commands that only read specs and write text (`lock`: cli/lock.py)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,11 @@ def _check_all(ctx: click.Context, name: str, offline: bool, variants: list[str 
 
 @click.command("validate")
 @click.argument("stacks", nargs=-1)
-@click.option("--offline", is_flag=True, help="Use only the cached SGLang flag tables; never download.")
+@click.option(
+    "--offline",
+    is_flag=True,
+    help="Never download: SGLang flag tables from stacks/locks/ or the cache; patches unchecked without the wheel.",
+)
 @click.pass_context
 def validate_cmd(ctx: click.Context, stacks: tuple[str, ...], offline: bool) -> None:
     """Check stack specs (all of them by default) and every variant.
@@ -141,7 +145,7 @@ def outputs_for(label: str, files: dict[str, str], out: Path | None, root: Path)
     "(default: only Dockerfile.<stack> at the project root).",
 )
 @click.option("--check", is_flag=True, help="Write nothing; exit 1 if the files on disk differ.")
-@click.option("--offline", is_flag=True, help="Use only the cached SGLang flag tables.")
+@click.option("--offline", is_flag=True, help="Never download (flag tables from stacks/locks/ or the cache).")
 @click.pass_context
 def render_cmd(
     ctx: click.Context, stack: str, variant: str | None, out: Path | None, check: bool, offline: bool
@@ -187,54 +191,3 @@ def render_cmd(
     for rel in files:
         click.echo(f"wrote {dest / rel}")
     click.echo(f"content hash {rendered.hash12}")
-
-
-@click.command("lock")
-@click.argument("stack")
-@click.option("--variant", default=None, help="Lock with this variant overlay applied.")
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write the lock here instead of stacks/locks/STACK.txt (its audit goes beside it).",
-)
-@click.option("--offline", is_flag=True, help="Resolve from uv's cache and audit from the committed audit + cache.")
-@click.option("--gateway", is_flag=True,
-              help="Lock the stack's gateway (smg) instead, into stacks/locks/gateway/ (see docs/gateway.md).")
-@click.pass_context
-def lock_cmd(ctx: click.Context, stack: str, variant: str | None, out: Path | None, offline: bool,
-             gateway: bool) -> None:
-    """Resolve STACK's whole Python closure into a hash-pinned lock and audit its native wheels.
-
-    The lock (stacks/locks/STACK.txt; STACK.VARIANT.txt for a variant whose
-    closure differs) pins every distribution by sha256 with the index it came
-    from; the audit (STACK.audit.json beside it) records, per native wheel, the
-    CUDA libraries it links and the GPU arches it carries. Errors (a newer CUDA
-    major than the stack's, a component with no kernel image for its arches, no
-    resolution) print located at the YAML line that brought them in, and
-    nothing is written.
-    """
-    from stackbuild.spec.load import load_stack
-    from stackbuild.spec.lock import run as lockrun
-
-    spec = load_stack(stack, root=_root(ctx), variant=variant)
-    if gateway:
-        from stackbuild.spec.gateway_check import lock_gateway
-        from stackbuild.spec.lock.resolve import write
-
-        path, text = lock_gateway(spec, offline=offline)
-        write(out or path, text)
-        click.echo(f"wrote {out or path}")
-        return
-    result = lockrun.lock_stack(spec, offline=offline, progress=lambda m: click.echo(m, err=True))
-    if out is not None:
-        result.lock_file, result.audit_file = out, out.with_suffix(".audit.json")
-    for f in result.findings:
-        click.echo(str(f), err=True)
-    errors = [f for f in result.findings if f.severity == "error"]
-    if errors:
-        raise InputError(f"{len(errors)} error(s) in the resolved closure of {spec.label}; nothing was written")
-    lockrun.write(result)
-    for row in lockrun.table(spec, result):
-        click.echo(row)
-    click.echo(f"wrote {result.lock_file} and {result.audit_file}")

@@ -21,8 +21,10 @@ from stackbuild.effects.net import free_port
 from stackbuild.effects.readiness import HttpProbe, Pace, wait_ready
 from stackbuild.errors import InfraError
 from stackbuild.image import engine
-from stackbuild.render.stack import server_argv
+from stackbuild.render.stack import launch_args, server_argv
+from stackbuild.spec.lock import verify
 from stackbuild.spec.lock.render_ctx import aot_dir, flashinfer_aot
+from stackbuild.spec.lock.verify import PARSER_SCRIPT as PARSER_SCRIPT
 from stackbuild.spec.stack import Stack
 
 # component -> (distribution name, import name)
@@ -64,23 +66,9 @@ def host_kernel_check_argv(stack: Stack, image: str) -> list[str] | None:
             "-c", versions_script([], imports(stack, gpu=True))]
 
 
-# sglang's own parser, built the way prepare_server_args builds it (ServerArgs.add_cli_args), but
-# with prefix abbreviations off so `--tp` is refused as validate refuses it. Parsing imports
-# torch, not the kernels, and starts nothing.
-PARSER_SCRIPT = (
-    "import argparse, sys\n"
-    "from sglang.srt.server_args import ServerArgs\n"
-    "p = argparse.ArgumentParser(prog='sglang.launch_server', allow_abbrev=False)\n"
-    "ServerArgs.add_cli_args(p)\n"
-    "p.parse_args(sys.argv[1:])\n"
-    "print('SERVER-ARGS-OK')\n"
-)
-
-
 def parser_argv(stack: Stack) -> list[str]:
     """python -c PARSER_SCRIPT followed by exactly the server's rendered arguments (pure)."""
-    args = server_argv(stack, port=stack.runtime.port)
-    return ["python3", "-c", PARSER_SCRIPT, *args[args.index("--model-path") :]]
+    return verify.parser_argv("python3", launch_args(stack))
 
 
 def verify_argv(torch_cuda: str) -> list[str]:

@@ -113,6 +113,13 @@ def server_argv(stack: Stack, *, port: int) -> list[str]:
     return [*argv, "--port", str(port), *flag_args(dict(s.flags))]
 
 
+def launch_args(stack: Stack) -> list[str]:
+    """The server's arguments as its unit passes them (from --model-path on): what sglang's parser is given
+    by the smoke test and by `lock --verify`."""
+    argv = server_argv(stack, port=stack.runtime.port)
+    return argv[argv.index("--model-path") :]
+
+
 def docker_run_argv(stack: Stack, *, image: str, port: int, name: str) -> list[str]:
     rt = stack.runtime
     argv = [DOCKER, "run", "--rm", "--name", name, "--network", "host"]
@@ -203,8 +210,21 @@ def _lock(stack: Stack, content_hash: str) -> dict[str, Any]:
     }
 
 
+def torch_arch(arch: str) -> str | None:
+    """sm_XY[Z][a|f] as TORCH_CUDA_ARCH_LIST spells it: sm_90 -> 9.0, sm_90a -> 9.0a, sm_120 -> 12.0 (pure).
+
+    torch 2.14.1's cpp_extension.py `_get_cuda_arch_flags` accepts MAJOR.MINOR with an optional `a`
+    (its supported_arches: ..., '9.0', '9.0a', '10.0', '10.0a', ..., '12.0', '12.0a', '12.1', '12.1a')
+    and raises on anything else; a family `f` target becomes the plain arch, whose SASS the family runs.
+    """
+    m = re.fullmatch(r"sm_(\d{1,2})(\d)([af]?)", arch)
+    if m is None:
+        return None
+    return f"{m.group(1)}.{m.group(2)}" + ("a" if m.group(3) == "a" else "")
+
+
 def _arch_list(stack: Stack, plus_ptx: bool) -> str:
-    nums = [f"{a[3:-1]}.{a[-1]}" for a in stack.arches if re.fullmatch(r"sm_\d{3}", a)]
+    nums = [n for a in stack.arches if (n := torch_arch(a)) is not None]
     return ";".join(nums) + ("+PTX" if plus_ptx and nums else "")
 
 

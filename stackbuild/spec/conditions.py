@@ -4,25 +4,29 @@ paths they object to (and values for the message). The table that names them is 
 from __future__ import annotations
 
 import re
-import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from stackbuild.errors import StackbuildError
-from stackbuild.paths import cache_dir
 from stackbuild.spec.facts import (
     ARCH_MIN_CUDA,
     CMAKE_OPTION_PREFIXES,
     COMPONENT_DIST,
     FLASHINFER_PURE_FROM,
+    FUSION_GATES,
+    FUSION_SM120,
+    FUSION_SM120_READ_THROUGH,
     PRESENCE_ENV,
     SGLANG_CUDA13_FROM,
+    SGLANG_ENV_BOOL_DEFAULTS,
     SGLANG_LAST_CUDA12,
     SGLANG_PINS,
     SGLANG_PYTHONS,
     TORCH_CUDA_WHEELS,
 )
 from stackbuild.spec.facts import driver_floor as driver_floor  # re-exported: preflight checks the same floor
+from stackbuild.spec.patches import changes
+from stackbuild.spec.sglang import env_bool, known_table
 from stackbuild.spec.stack import Stack
 
 Hit = tuple[tuple[str | int, ...], dict[str, Any]]
@@ -52,8 +56,23 @@ def source_env(stack: Stack, comp: str, key: str) -> tuple[str | None, tuple[str
     return c.source.env.get(key), ("components", comp, "source", "env", key)
 
 
+def lifted_gates(text: str) -> set[str]:
+    """The files whose SM90/SM100 fusion gate this patch opens to SM120: it removes the gate's condition
+    line and adds a code line (not a comment) that tests for SM120 (pure)."""
+    out = set()
+    for file, change in changes(text).items():
+        gate = FUSION_GATES.get(file)
+        code = [ln for ln in change.added if not ln.strip().startswith("#")]
+        if gate and any(gate in ln for ln in change.removed) and any(_SM120.search(ln) for ln in code):
+            out.add(file)
+    return out
+
+
+_SM120 = re.compile(r"sm_?120", re.IGNORECASE)
+
+
 def fusion_patched(stack: Stack) -> bool:
-    return any("flashinfer_comm_fusion.py" in p.text for p in stack.patches)
+    return any(lifted_gates(p.text) for p in stack.patches)
 
 
 def sm120(stack: Stack) -> bool:
@@ -162,7 +181,7 @@ def pins(s: Stack) -> Iterator[Hit]:
     v = s.sglang_version
     if v is None:
         return
-    pins = release_pins(v)
+    pins = release_pins(v, s.root)
     for comp, dist in COMPONENT_DIST.items():
         c = getattr(s.components, comp)
         want = pins.get(dist)
@@ -170,17 +189,10 @@ def pins(s: Stack) -> Iterator[Hit]:
             yield ("components", comp, "version"), {"comp": comp, "have": c.version, "want": want, "sglang": v}
 
 
-def release_pins(version: str) -> dict[str, str]:
-    from stackbuild.spec import sglang
-
-    if sglang.wheel_path(version) or (cache_dir() / "sglang" / version / "flags.json").is_file():
-        try:
-            req = sglang.load_table(version, offline=True).requires
-            if req:
-                return req
-        except (StackbuildError, OSError, ValueError, KeyError, SyntaxError, zipfile.BadZipFile):
-            pass  # a broken cache entry falls back to the table below; `validate` reports it
-    return SGLANG_PINS.get(version, {})
+def release_pins(version: str, root: Path | None = None) -> dict[str, str]:
+    """The release's own Requires-Dist pins: from its committed or cached table, else the facts table."""
+    known = known_table(version, root)
+    return (known.requires if known is not None else None) or SGLANG_PINS.get(version, {})
 
 
 def sglang_cuda13(s: Stack) -> Iterator[Hit]:
@@ -235,25 +247,38 @@ def flashinfer_noop(s: Stack) -> Iterator[Hit]:
         yield ("components", "flashinfer", "source"), {"version": c.version}
 
 
-def opens_trtllm_on_sm120(text: str) -> bool:
-    """The patch edits flashinfer_comm_fusion.py and adds an SM120 case (an added line naming sm120)."""
-    return "flashinfer_comm_fusion.py" in text and any(
-        ln.startswith("+") and not ln.startswith("+++") and "sm120" in ln.lower() for ln in text.splitlines()
-    )
-
-
 def patch_trtllm_ipc(s: Stack) -> Iterator[Hit]:
-    if not sm120(s) or s.server.env.get("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE") in (None, "0"):
+    """A patch opening flashinfer_comm_fusion.py's trtllm allreduce to SM120 while the env asks for PCIe-IPC
+    (sglang reads the variable as EnvBool: unset or false/0/no/n is off, its default False)."""
+    name = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+    if not sm120(s) or not env_bool(s.server.env.get(name), SGLANG_ENV_BOOL_DEFAULTS[name]):
         return
     for i, p in enumerate(s.patches):
-        if opens_trtllm_on_sm120(p.text):
+        if "sglang/srt/layers/flashinfer_comm_fusion.py" in lifted_gates(p.text):
             yield ("patches", i), {}
 
 
+def _fusion_off(s: Stack) -> bool:
+    """Fusion flags on sm_120 that no patch lets through, with a release stackbuild has read (or older)."""
+    v = s.sglang_version
+    return bool(sm120(s) and v and ver(v) <= FUSION_SM120_READ_THROUGH and not fusion_patched(s))
+
+
 def fusion_patch(s: Stack) -> Iterator[Hit]:
-    if sm120(s) and s.sglang_version and ver(s.sglang_version) <= (0, 5, 23) and not fusion_patched(s):
+    if _fusion_off(s):
+        read = " and ".join(FUSION_SM120)
+        how = FUSION_SM120.get(s.sglang_version or "", f"gates it to SM90/SM100, as {read} do")
         for f in fusion_flags(s):
-            yield ("server", "flags", f), {"flag": f, "sglang": s.sglang_version}
+            yield ("server", "flags", f), {"flag": f, "sglang": s.sglang_version, "how": how}
+
+
+def fusion_unknown(s: Stack) -> Iterator[Hit]:
+    """A release newer than any whose fusion gate was read: say so, rather than pass in silence."""
+    v = s.sglang_version
+    if sm120(s) and v and ver(v) > FUSION_SM120_READ_THROUGH and not fusion_patched(s):
+        last = ".".join(map(str, FUSION_SM120_READ_THROUGH))
+        for f in fusion_flags(s):
+            yield ("server", "flags", f), {"flag": f, "sglang": v, "last": last}
 
 
 def fusion_cuda128(s: Stack) -> Iterator[Hit]:

@@ -55,6 +55,25 @@ CMAKE_OPTION_PREFIXES = ("SGL_KERNEL_",)
 # py3-none-any wheel as PyPI's (kernels come from JIT, AOT jit-cache or cubin wheels).
 FLASHINFER_PURE_FROM = (0, 7, 0)
 
+# What sglang's FlashInfer allreduce fusion does on SM120, per release, read in each release's wheel.
+FUSION_SM120: dict[str, str] = {
+    "0.5.10.post1": "turns it off without a word (srt/layers/communicator.py:96-110 apply_flashinfer_allreduce_fusion "
+    "needs SM90 or SM100)",
+    "0.5.23": "raises 'FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.' (srt/layers/"
+    "flashinfer_comm_fusion.py:46-50 _resolve_backend)",
+}
+FUSION_SM120_READ_THROUGH = (0, 5, 23)  # the newest release whose fusion gate was read
+# The gate lines themselves (file -> the condition's text), where a patch must change the condition to let
+# SM120 through: 0.5.23 flashinfer_comm_fusion.py:48, 0.5.10.post1 communicator.py:100.
+FUSION_GATES: dict[str, str] = {
+    "sglang/srt/layers/flashinfer_comm_fusion.py": "get_platform().is_sm90 or get_platform().is_sm100",
+    "sglang/srt/layers/communicator.py": "_is_sm90_supported or _is_sm100_supported",
+}
+
+# Boolean env vars' defaults (sglang 0.5.23 srt/environ.py:1539: EnvBool(False)): what sglang uses when the
+# variable is unset or not a boolean it reads.
+SGLANG_ENV_BOOL_DEFAULTS: dict[str, bool] = {"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": False}
+
 # Arches that need at least this CUDA (sm_100/sm_120 arrived in 12.8, sm_103/sm_121 in 12.9).
 ARCH_MIN_CUDA: dict[str, tuple[int, int]] = {"sm_100": (12, 8), "sm_120": (12, 8), "sm_103": (12, 9), "sm_121": (12, 9)}
 

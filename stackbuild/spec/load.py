@@ -249,16 +249,18 @@ def _unwrap_model(ann: Any) -> Any:
     return ann
 
 
+_UNION_TAGS = ("str", "int", "float", "bool", "list[union[str,int,float]]")
+
+
 def _validation_findings(err: ValidationError, loc: Located) -> list[Finding]:
     findings = []
     for e in err.errors():
-        path = tuple(
-            p
-            for p in e["loc"]
-            if not (isinstance(p, str) and p in ("str", "int", "float", "bool", "list[union[str,int,float]]"))
-        )
-        where = ".".join(str(p) for p in path) or "(top level)"
         typ = e["type"]
+        # pydantic names the member of a union it tried ('str', 'int', ...) in the location; an unknown
+        # key is the location's last element itself, whatever it is called (a top-level `bool:`)
+        key = e["loc"][-1:] if typ == "extra_forbidden" else ()
+        path = tuple(p for p in e["loc"][: len(e["loc"]) - len(key)] if p not in _UNION_TAGS) + key
+        where = ".".join(str(p) for p in path) or "(top level)"
         if typ == "extra_forbidden":
             parent = _model_at(path[:-1])
             names = sorted(parent.model_fields) if parent else []

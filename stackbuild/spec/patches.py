@@ -29,6 +29,41 @@ def touched_files(text: str) -> list[str]:
     return [f for f in _FILE_RE.findall(text) if f != "/dev/null"]
 
 
+@dataclass(frozen=True)
+class Change:
+    """What a patch does to one file: the lines its hunks remove and add (without the -/+)."""
+
+    removed: tuple[str, ...]
+    added: tuple[str, ...]
+
+
+_HUNK_RE = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def changes(text: str) -> dict[str, Change]:
+    """file (as in `+++ b/FILE`) -> its removed and added lines, over all its hunks (pure). A hunk is read
+    for as many lines as its header counts, so a removed line that itself starts with '-- ' stays one."""
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    current: tuple[list[str], list[str]] | None = None
+    old = new = 0
+    for ln in text.splitlines():
+        if ln.startswith("\\"):  # "\ No newline at end of file": not a line of either side
+            continue
+        if old > 0 or new > 0:
+            if current is not None and ln.startswith("-"):
+                current[0].append(ln[1:])
+            elif current is not None and ln.startswith("+"):
+                current[1].append(ln[1:])
+            old -= not ln.startswith("+")
+            new -= not ln.startswith("-")
+        elif ln.startswith("+++ "):
+            name = ln[4:].split("\t")[0].strip().removeprefix("b/")
+            current = out.setdefault(name, ([], [])) if name != "/dev/null" else None
+        elif m := _HUNK_RE.match(ln):
+            old, new = int(m.group(1) or 1), int(m.group(2) or 1)
+    return {f: Change(tuple(r), tuple(a)) for f, (r, a) in out.items()}
+
+
 def hunk_line(text: str, file: str, hunk: int) -> int:
     """1-based line in the patch where hunk `hunk` (1-based) of `file` starts."""
     lines = text.splitlines()

@@ -136,10 +136,18 @@ RULES: tuple[Rule, ...] = (
         "sm120-fusion-patch",
         "error",
         cond.fusion_patch,
-        "{flag} on sm_120 with sglang {sglang} raises 'requires SM90 or SM10X'; drop it (fused "
-        "allreduce+RMSNorm is gated to SM90/SM100 in add_norm.py) or add the trtllm-allreduce patch "
-        "(stacks/patches/), which enables FlashInfer's plain trtllm allreduce only",
-        "sglang srt/layers/flashinfer_comm_fusion.py",
+        "{flag} on sm_120: sglang {sglang} {how}; drop it (fused allreduce+RMSNorm is gated to SM90/SM100 "
+        "in add_norm.py) or add a patch that lets SM120 through that gate, like stacks/patches/"
+        "sglang-0.5.23-sm120-trtllm-allreduce.patch (FlashInfer's plain trtllm allreduce only)",
+        "sglang 0.5.23 srt/layers/flashinfer_comm_fusion.py, 0.5.10.post1 srt/layers/communicator.py",
+    ),
+    Rule(
+        "sm120-fusion-unknown",
+        "warning",
+        cond.fusion_unknown,
+        "{flag} on sm_120: whether sglang {sglang} runs allreduce fusion on SM120 is unknown (stackbuild has "
+        "read its gate up to {last}); check srt/layers/flashinfer_comm_fusion.py and communicator.py of {sglang}",
+        "stackbuild.spec.facts.FUSION_SM120 (the releases read)",
     ),
     Rule(
         "sm120-fusion-cuda",

@@ -1,272 +1,27 @@
-"""Version-aware table of SGLang server flags and SGLANG_* env vars.
+"""SGLang server flags and SGLANG_* env vars of the pinned release, and the checks against them.
 
-Read statically from the release's real wheel (importing sglang imports torch):
-dataclass fields in srt/arg_groups/fields/*.py become flags the way
-srt/arg_groups/arg_utils.py derives them, plus the manual `add_argument` calls
-in srt/server_args.py; env names come from class `Envs` in srt/environ.py.
-The table is cached per version under the user cache dir; --offline uses only
-the cache.
+The table is read statically from the release's real wheel (sglang_table). Where a
+table comes from, first found: the one committed beside the locks
+(stacks/locks/sglang-VERSION.flags.json, written by `stackbuild lock`, so a fresh
+clone validates offline), the user cache (per version), else the wheel itself,
+downloaded into the cache (never with --offline).
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
-import json
 import os
-import re
 import sys
 import tempfile
-import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from stackbuild.effects import proc
 from stackbuild.errors import InfraError, InputError
-from stackbuild.paths import cache_dir
-
-TABLE_FORMAT = 3  # 3: env_bool
-
-
-@dataclass(frozen=True)
-class Flag:
-    name: str
-    aliases: tuple[str, ...] = ()
-    takes_value: bool = True
-    deprecated: bool = False
-    replacement: str | None = None
-
-
-@dataclass
-class Table:
-    version: str
-    flags: dict[str, Flag] = field(default_factory=dict)  # every spelling -> Flag
-    env: frozenset[str] = frozenset()
-    requires: dict[str, str] = field(default_factory=dict)  # dist name -> exact pin
-    env_bool: frozenset[str] = frozenset()  # declared EnvBool*: parsed strictly, see check_env_value
-
-    def to_json(self) -> str:
-        canon = {f.name: asdict(f) for f in self.flags.values()}
-        return json.dumps(
-            {
-                "format": TABLE_FORMAT,
-                "version": self.version,
-                "flags": canon,
-                "env": sorted(self.env),
-                "env_bool": sorted(self.env_bool),
-                "requires": self.requires,
-            },
-            indent=1,
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> Table:
-        d = json.loads(text)
-        if d.get("format") != TABLE_FORMAT:
-            raise ValueError("old table format")
-        t = cls(
-            d["version"], env=frozenset(d["env"]), requires=d.get("requires", {}), env_bool=frozenset(d["env_bool"])
-        )
-        for f in d["flags"].values():
-            flag = Flag(f["name"], tuple(f["aliases"]), f["takes_value"], f["deprecated"], f["replacement"])
-            t.add(flag)
-        return t
-
-    def add(self, flag: Flag) -> None:
-        for spelling in (flag.name, *flag.aliases):
-            self.flags[spelling] = flag
-
-    @property
-    def spellings(self) -> list[str]:
-        return sorted(self.flags)
-
-
-# --- static extraction ------------------------------------------------------
-
-_DEPRECATED_RE = re.compile(r"^\(?\s*deprecated\b", re.IGNORECASE)
-_USE_RE = re.compile(r"\buse\s+'?(--[a-z0-9][a-z0-9-]*(?:[= ][^\s)'.]+)?)", re.IGNORECASE)
-
-
-def _const_str(node: ast.AST | None) -> str | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.JoinedStr):  # f-string: keep the literal parts
-        return "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        a, b = _const_str(node.left), _const_str(node.right)
-        return (a or "") + (b or "") if a is not None or b is not None else None
-    return None
-
-
-def _str_list(node: ast.AST | None) -> list[str]:
-    if isinstance(node, ast.List | ast.Tuple):
-        return [s for e in node.elts if (s := _const_str(e))]
-    return []
-
-
-def _deprecation(help_text: str, action: str | None, new_flag: str | None) -> tuple[bool, str | None]:
-    dep = bool(action and action.startswith("Deprecated")) or bool(_DEPRECATED_RE.match(help_text.strip()))
-    if not dep:
-        return False, None
-    if new_flag:
-        return True, new_flag
-    m = _USE_RE.search(help_text)
-    return True, (m.group(1) if m else None)
-
-
-def _is_bool(tp: ast.AST) -> bool:
-    if isinstance(tp, ast.Name):
-        return tp.id == "bool"
-    if isinstance(tp, ast.Subscript) and isinstance(tp.value, ast.Name) and tp.value.id == "Optional":
-        return _is_bool(tp.slice)
-    if isinstance(tp, ast.BinOp):  # bool | None
-        return _is_bool(tp.left) or _is_bool(tp.right)
-    return False
-
-
-def _fields_flags(tree: ast.Module) -> list[Flag]:
-    out = []
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        for stmt in cls.body:
-            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
-                continue
-            ann = stmt.annotation
-            if not (
-                isinstance(ann, ast.Subscript)
-                and isinstance(ann.value, ast.Name)
-                and ann.value.id in ("A", "Annotated")
-                and isinstance(ann.slice, ast.Tuple)
-            ):
-                continue
-            inner, *meta = ann.slice.elts
-            help_text, aliases, cli_name, action, new_flag = None, [], None, None, None
-            no_cli = False
-            for m in meta:
-                if (s := _const_str(m)) is not None and help_text is None:
-                    help_text = s
-                elif isinstance(m, ast.Call) and isinstance(m.func, ast.Name) and m.func.id == "Arg":
-                    help_text = help_text or ""
-                    for kw in m.keywords:
-                        if kw.arg == "help":
-                            help_text = _const_str(kw.value) or ""
-                        elif kw.arg == "aliases":
-                            aliases = _str_list(kw.value)
-                        elif kw.arg == "cli_name":
-                            cli_name = _const_str(kw.value)
-                        elif kw.arg == "no_cli":
-                            no_cli = isinstance(kw.value, ast.Constant) and kw.value.value is True
-                        elif kw.arg == "action":
-                            action = ast.unparse(kw.value)
-                        elif kw.arg == "action_kwargs" and isinstance(kw.value, ast.Dict):
-                            for k, v in zip(kw.value.keys, kw.value.values, strict=False):
-                                if _const_str(k) == "new_flag":
-                                    new_flag = _const_str(v)
-            if help_text is None or no_cli:
-                continue  # not an Arg-annotated field: argparse never sees it
-            name = cli_name or "--" + stmt.target.id.replace("_", "-")
-            dep, repl = _deprecation(help_text, action, new_flag)
-            takes_value = not _is_bool(inner) and not (action and "StoreTrue" in action)
-            if action and action in ("'store_true'", '"store_true"'):
-                takes_value = False
-            out.append(Flag(name, tuple(aliases), takes_value, dep, repl))
-    return out
-
-
-def _add_argument_flags(tree: ast.Module) -> list[Flag]:
-    out = []
-    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
-        if not (isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"):
-            continue
-        names = [s for a in call.args if (s := _const_str(a)) and s.startswith("--")]
-        if not names:
-            continue
-        kws = {kw.arg: kw.value for kw in call.keywords if kw.arg}
-        action_node = kws.get("action")
-        action = (_const_str(action_node) or ast.unparse(action_node)) if action_node is not None else None
-        help_text = _const_str(kws.get("help")) or ""
-        dep, repl = _deprecation(help_text, action, _const_str(kws.get("new_flag")))
-        nargs = kws.get("nargs")
-        takes_value = not (
-            action in ("store_true", "store_false")
-            or (action and "StoreTrue" in action)
-            or (isinstance(nargs, ast.Constant) and nargs.value == 0)
-        )
-        out.append(Flag(names[0], tuple(names[1:]), takes_value, dep, repl))
-    return out
-
-
-def _env_bools(tree: ast.Module) -> set[str]:
-    """Envs attributes declared `NAME = EnvBool(...)` (or EnvBoolWithAlias)."""
-    names: set[str] = set()
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Envs"):
-        for stmt in cls.body:
-            if (
-                isinstance(stmt, ast.Assign)
-                and isinstance(stmt.value, ast.Call)
-                and isinstance(stmt.value.func, ast.Name)
-                and stmt.value.func.id.startswith("EnvBool")
-            ):
-                names |= {t.id for t in stmt.targets if isinstance(t, ast.Name)}
-    return names
-
-
-def _env_names(tree: ast.Module) -> set[str]:
-    names: set[str] = set()
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Envs"):
-        for stmt in cls.body:
-            targets = (
-                stmt.targets
-                if isinstance(stmt, ast.Assign)
-                else [stmt.target]
-                if isinstance(stmt, ast.AnnAssign)
-                else []
-            )
-            names |= {t.id for t in targets if isinstance(t, ast.Name) and t.id.isupper()}
-    return names
-
-
-_REQ_RE = re.compile(r"^Requires-Dist:\s*([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?\s*\(?==\s*([^\s;,)]+)")
-
-
-def _requires(metadata: str) -> dict[str, str]:
-    pins = {}
-    for line in metadata.splitlines():
-        if "extra ==" in line:
-            continue
-        m = _REQ_RE.match(line)
-        if m:
-            pins[m.group(1).lower().replace("_", "-")] = m.group(2)
-    return pins
-
-
-def table_from_wheel(wheel: Path, version: str) -> Table:
-    t = Table(version)
-    with zipfile.ZipFile(wheel) as z:
-        names = z.namelist()
-
-        def parse(member: str) -> ast.Module:
-            return ast.parse(z.read(member).decode("utf-8"), member)
-
-        for member in sorted(n for n in names if re.match(r"sglang/srt/arg_groups/fields/[^/]+\.py$", n)):
-            for f in _fields_flags(parse(member)):
-                t.add(f)
-        for f in _add_argument_flags(parse("sglang/srt/server_args.py")):
-            if f.name not in t.flags:
-                t.add(f)
-        environ = parse("sglang/srt/environ.py")
-        t.env = frozenset(_env_names(environ))
-        t.env_bool = frozenset(_env_bools(environ))
-        meta = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
-        if meta:
-            t.requires = _requires(z.read(meta).decode("utf-8", "replace"))
-    if len(t.flags) < 50:
-        raise InfraError(
-            f"sglang {version}: found only {len(t.flags)} flags in {wheel.name}; "
-            "its layout is not one stackbuild knows how to read"
-        )
-    return t
-
+from stackbuild.paths import cache_dir, shipped_dir
+from stackbuild.spec.sglang_table import TABLE_FORMAT as TABLE_FORMAT
+from stackbuild.spec.sglang_table import Flag as Flag
+from stackbuild.spec.sglang_table import Table, table_from_wheel
 
 # --- cache --------------------------------------------------------------------
 
@@ -314,18 +69,73 @@ def ensure_wheel(version: str, *, offline: bool) -> Path:
     return final
 
 
-def load_table(version: str, *, offline: bool = False) -> Table:
-    cached = cache_dir() / "sglang" / version / "flags.json"
-    if cached.is_file():
-        try:
-            return Table.from_json(cached.read_text())
-        except (ValueError, KeyError):
-            pass
-    table = table_from_wheel(ensure_wheel(version, offline=offline), version)
-    tmp = cached.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(table.to_json())
-    os.replace(tmp, cached)
+def table_name(version: str) -> str:
+    """The committed table's file name, beside the locks."""
+    return f"sglang-{version}.flags.json"
+
+
+def committed_dirs(root: Path | None) -> list[Path]:
+    """Where committed tables are looked up: the project's stacks/locks, then the shipped one's."""
+    dirs = [root / "stacks" / "locks"] if root is not None else []
+    shipped = shipped_dir("stacks") / "locks"
+    return [*dirs, shipped] if shipped not in dirs else dirs
+
+
+def _read(path: Path) -> Table | None:
+    try:
+        return Table.from_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError):
+        return None  # absent, or written by another table format: not an answer
+
+
+def committed_table(version: str, root: Path | None = None) -> Table | None:
+    """The table committed beside the project's locks (or the shipped ones), in the current format."""
+    for d in committed_dirs(root):
+        found = _read(d / table_name(version))
+        if found is not None:
+            return found
+    return None
+
+
+def known_table(version: str, root: Path | None = None) -> Table | None:
+    """The committed table, else the cached one; never downloads."""
+    return committed_table(version, root) or _read(cache_dir() / "sglang" / version / "flags.json")
+
+
+def _store(table: Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o644)  # a file to commit and share, not mkstemp's private 0600
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(table.to_json() + "\n")
+    os.replace(tmp, path)
+
+
+def table_of_wheel(version: str) -> Table:
+    """Read afresh from the release's wheel (downloaded once into the cache); refreshes the cached table."""
+    table = table_from_wheel(ensure_wheel(version, offline=False), version)
+    _store(table, cache_dir() / "sglang" / version / "flags.json")
     return table
+
+
+def load_table(version: str, *, offline: bool = False, root: Path | None = None) -> Table:
+    found = known_table(version, root)
+    if found is not None:
+        return found
+    if offline:
+        raise InputError(
+            f"sglang {version}: no flag table in stacks/locks/ ({table_name(version)}) nor in the cache "
+            f"({cache_dir() / 'sglang'}); run `stackbuild lock STACK` once online, which writes it beside the "
+            "lock to commit, or drop --offline"
+        )
+    return table_of_wheel(version)
+
+
+def write_table(table: Table, locks_dir: Path) -> Path:
+    """The committed copy, beside the locks (temp name, then rename)."""
+    path = locks_dir / table_name(table.version)
+    _store(table, path)
+    return path
 
 
 # --- checks (pure) ---------------------------------------------------------------
@@ -382,9 +192,18 @@ def check_env(table: Table, name: str) -> FlagIssue | None:
     )
 
 
-# sglang's EnvBool.parse (srt/environ.py): these spellings, case-insensitive; anything else raises
-# ValueError when the server reads the variable.
-ENV_BOOL_VALUES = ("true", "1", "yes", "y", "false", "0", "no", "n")
+# sglang's EnvBool (0.5.23 srt/environ.py:143-150): these spellings, case-insensitive, mean true or false;
+# any other value makes EnvField.get (environ.py:67-86) warn "Invalid value" and return the default.
+ENV_TRUE = ("true", "1", "yes", "y")
+ENV_FALSE = ("false", "0", "no", "n")
+ENV_BOOL_VALUES = ENV_TRUE + ENV_FALSE
+
+
+def env_bool(value: str | None, default: bool) -> bool:
+    """What sglang's EnvBool.get() returns for an env value (None: unset)."""
+    if value is None or value.lower() not in ENV_BOOL_VALUES:
+        return default
+    return value.lower() in ENV_TRUE
 
 
 def check_env_value(table: Table, name: str, value: str) -> FlagIssue | None:
@@ -392,8 +211,8 @@ def check_env_value(table: Table, name: str, value: str) -> FlagIssue | None:
     if canonical in table.env_bool and value.lower() not in ENV_BOOL_VALUES:
         return FlagIssue(
             "error",
-            f"env {name}={value!r}: sglang {table.version} parses it as a boolean and raises on that value; "
-            "use 1/0 or true/false",
+            f"env {name}={value!r}: sglang {table.version} reads it as a boolean (true/1/yes/y or false/0/no/n), "
+            "warns 'Invalid value' and keeps the default; use 1/0 or true/false",
             "sglang-env-bool",
         )
     return None

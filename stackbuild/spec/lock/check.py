@@ -12,7 +12,7 @@ from stackbuild.spec.facts import driver_floor
 from stackbuild.spec.load import positions
 from stackbuild.spec.lock import audit as auditmod
 from stackbuild.spec.lock.resolve import Lock, canon, parse
-from stackbuild.spec.lock.target import DIST, Target, audit_path, lock_command, lock_path, target_of
+from stackbuild.spec.lock.target import DIST, Target, audit_path, build_lock_path, lock_command, lock_path, target_of
 from stackbuild.spec.stack import Stack
 
 _CU_SUFFIX = re.compile(r"-cu(\d{2})$")
@@ -112,6 +112,46 @@ def freshness(stack: Stack, t: Target | None, lock: Lock | None) -> list[Finding
         msg = f"{rel} was resolved for other inputs (components, python, platform, indexes); run `{cmd}`"
         return [Finding(pos.file, pos.line, pos.col, "error", msg, "lock-stale")]
     return []
+
+
+def build_tools_fresh(stack: Stack, t: Target | None) -> list[Finding]:
+    """A stack with source builds needs its build-tools lock, resolved for the same inputs."""
+    if t is None or not t.build_tools:
+        return []
+    p = build_lock_path(stack)
+    have = parse(p.read_text(encoding="utf-8")).inputs_hash if p.is_file() else None
+    if have == t.inputs_hash():
+        return []
+    pos = positions(stack).keys.get(("components",)) or positions(stack).pos(("components",))
+    why = "is missing" if have is None else "was resolved for other inputs"
+    msg = f"stacks/locks/{p.name} (the source stages' hash-pinned build tools) {why}; run `{lock_command(stack)}`"
+    return [Finding(pos.file, pos.line, pos.col, "error", msg, "lock-missing" if have is None else "lock-stale")]
+
+
+def current(stack: Stack) -> list[Finding]:
+    """`lock --check`, offline: the committed lock, its audit, its build tools and the release's flag
+    table all still answer the spec's inputs."""
+    from stackbuild.spec import sglang
+
+    t = target_of(stack)
+    lock = read_lock(stack) if t is not None else None
+    out = freshness(stack, t, lock) or build_tools_fresh(stack, t)
+    if out or lock is None:
+        return out
+    out = unaudited(stack, lock, committed_audits(stack))
+    if t is not None and not t.exclude_newer:
+        loc = positions(stack)
+        pos = loc.keys.get(("lock",)) or loc.keys.get(("components",)) or loc.pos(("components",))
+        msg = ("lock.exclude_newer is not set: a relock resolves against today's index and may differ; "
+               "set it to an instant before this lock was made")
+        out.append(Finding(pos.file, pos.line, pos.col, "warning", msg, "lock-date"))
+    v = stack.sglang_version
+    if v and sglang.committed_table(v, stack.root) is None:
+        pos = positions(stack).keys.get(("components", "sglang")) or positions(stack).pos(("components",))
+        msg = (f"no stacks/locks/{sglang.table_name(v)} (sglang {v}'s flags and env, for `validate --offline`); "
+               f"run `{lock_command(stack)}`")
+        out.append(Finding(pos.file, pos.line, pos.col, "error", msg, "lock-table"))
+    return out
 
 
 def cuda_packages(stack: Stack, lock: Lock) -> list[Finding]:
@@ -235,7 +275,7 @@ def check_lock(stack: Stack) -> list[Finding]:
     """What `validate` checks, from committed files only: fresh lock, CUDA majors, audit."""
     t = target_of(stack)
     lock = read_lock(stack) if t is not None else None
-    out = freshness(stack, t, lock)
+    out = freshness(stack, t, lock) + build_tools_fresh(stack, t)
     if out or lock is None:
         return out
     audits = committed_audits(stack)

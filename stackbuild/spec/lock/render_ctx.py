@@ -7,16 +7,10 @@ import re
 from typing import Any
 
 from stackbuild.paths import templates_dir
-from stackbuild.spec.lock.target import lock_command, lock_path
+from stackbuild.spec.lock.resolve import commits
+from stackbuild.spec.lock.target import DIST, build_lock_path, lock_command, lock_path
 from stackbuild.spec.stack import Stack
 
-# Build backends a --no-build-isolation source build needs installed first (the wheel's
-# pyproject [build-system].requires): sgl-kernel builds with scikit-build-core + CMake.
-BUILD_TOOLS: dict[str, tuple[str, ...]] = {
-    "sgl_kernel": ("scikit-build-core==0.11.5", "cmake==3.31.6"),
-    "flashinfer": (),
-    "torch": (),
-}
 SOURCE_SUBDIR = {"sgl_kernel": "/sgl-kernel"}
 _RUNTIME_RE = re.compile(r"^nvidia-cuda-runtime(?:-cu\d+)?==(\d+)\.(\d+)", re.MULTILINE)
 
@@ -24,6 +18,13 @@ _RUNTIME_RE = re.compile(r"^nvidia-cuda-runtime(?:-cu\d+)?==(\d+)\.(\d+)", re.MU
 def lock_text(stack: Stack) -> str | None:
     p = lock_path(stack)
     return p.read_text(encoding="utf-8") if p.is_file() else None
+
+
+def source_commits(stack: Stack, text: str | None) -> dict[str, str]:
+    """component -> the commit its source.ref named when the stack was locked (the lock's `# source:` lines)."""
+    locked = commits(text or "")
+    return {n: sha for n, c in stack.components.items()
+            if c.source is not None and (sha := locked.get((DIST[n], c.source.repo, c.source.ref)))}
 
 
 def torch_cuda(stack: Stack, text: str | None) -> str:
@@ -52,19 +53,21 @@ def context(stack: Stack) -> dict[str, Any]:
     return {
         "flashinfer_aot": flashinfer_aot(stack),
         "source_builds": builds,
-        "build_tools": {n: [f'"{t}"' for t in BUILD_TOOLS.get(n, ())] or ['"setuptools==75.6.0"'] for n, _ in builds},
+        "source_commit": source_commits(stack, text),
         "source_subdir": {n: SOURCE_SUBDIR.get(n, "") for n, _ in builds},
         "torch_cuda": torch_cuda(stack, text),
     }
 
 
 def files(stack: Stack) -> dict[str, str]:
-    """requirements.lock (the committed lock, or a line saying none was made), the image's verifier, the AOT driver."""
-    text = lock_text(stack)
-    if text is None:
-        text = f"# no lock: run `{lock_command(stack)}`\n"
+    """requirements.lock (the committed lock, or a line saying none was made), the source stages' hash-pinned
+    build tools, the image's verifier, the AOT driver."""
+    missing = f"# no lock: run `{lock_command(stack)}`\n"
     verify = (templates_dir() / "verify_image.py").read_text(encoding="utf-8")
-    out = {"requirements.lock": text, "verify_image.py": verify}
+    out = {"requirements.lock": lock_text(stack) or missing, "verify_image.py": verify}
+    if any(c.source is not None for _, c in stack.components.items()):
+        tools = build_lock_path(stack)
+        out["build-tools.lock"] = tools.read_text(encoding="utf-8") if tools.is_file() else missing
     if flashinfer_aot(stack):
         out["flashinfer_aot.py"] = (templates_dir() / "flashinfer_aot.py").read_text(encoding="utf-8")
     return out

@@ -99,15 +99,25 @@ def uv_argv(t: Target, requirements: Path, constraints: Path | None, out: Path, 
     return argv
 
 
-def header(t: Target, stack_name: str, native: list[str]) -> str:
+def header(t: Target, stack_name: str, native: list[str], commits: dict[str, str] | None = None) -> str:
+    """The lock's header; `commits` (dist -> commit) are the source builds' refs resolved at lock time."""
     built = ", ".join(t.source_built) or "none"
+    sources = "".join(f"# source: {d} {repo} {ref} {(commits or {}).get(d, '?')}\n" for d, repo, ref in t.sources)
     return (
         f"{HEADER} for {stack_name}; do not edit, regenerate with `stackbuild lock {stack_name}`\n"
         f"# inputs-sha256: {t.inputs_hash()}\n"
         f"# target: python {t.python}, {t.platform}" + (f", as of {t.exclude_newer}" if t.exclude_newer else "") + "\n"
         f"# built from source in the image, installed from its build stage (not from this file): {built}\n"
         f"# native: {' '.join(native) or '-'}\n"
-    )
+    ) + sources
+
+
+_SOURCE_RE = re.compile(r"^# source: (\S+) (\S+) (\S+) ([0-9a-f]{40})$", re.MULTILINE)
+
+
+def commits(text: str) -> dict[tuple[str, str, str], str]:
+    """(dist, repo, ref) -> commit, from a lock's `# source:` lines (pure)."""
+    return {(d, repo, ref): sha for d, repo, ref, sha in _SOURCE_RE.findall(text)}
 
 
 def resolve(t: Target, *, offline: bool = False) -> str:
@@ -174,6 +184,7 @@ def _via_name(s: str) -> str:
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, 0o644)  # a file to commit and share, not mkstemp's private 0600
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.replace(tmp, path)

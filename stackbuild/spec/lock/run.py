@@ -1,4 +1,10 @@
-"""`stackbuild lock`: resolve, find the native wheels, audit them, check, then write lock and audit together."""
+"""`stackbuild lock`: resolve, find the native wheels, audit them, check, then write lock and audit together.
+
+Beside them it writes what else the lock fixes: the source stages' hash-pinned build tools
+(STACK.build-tools.txt, with each source.ref resolved to its commit in the lock's header) and the
+pinned sglang release's flag table (sglang-VERSION.flags.json), so `validate --offline` works from
+a fresh clone.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stackbuild.errors import Finding, InputError, SpecError
+from stackbuild.spec import sglang
+from stackbuild.spec.load import positions
 from stackbuild.spec.lock import audit as auditmod
-from stackbuild.spec.lock import check, resolve, wheels
+from stackbuild.spec.lock import check, resolve, source, wheels
 from stackbuild.spec.lock.resolve import Lock
-from stackbuild.spec.lock.target import Target, audit_path, lock_path, target_of
+from stackbuild.spec.lock.target import Target, audit_path, build_lock_path, lock_command, lock_path, target_of
+from stackbuild.spec.sglang_table import Table
 from stackbuild.spec.stack import Stack
 
 
@@ -23,6 +32,14 @@ class Result:
     findings: list[Finding]
     lock_file: Path
     audit_file: Path
+    tools_file: Path
+    tools_text: str | None = None  # the source stages' build tools, hash-pinned (None: no source builds)
+    table: Table | None = None  # the pinned sglang release's flag table
+
+    def redirect(self, out: Path) -> None:
+        """Write the lock to `out`, everything else beside it."""
+        self.lock_file, self.audit_file = out, out.with_suffix(".audit.json")
+        self.tools_file = out.with_suffix(".build-tools.txt")
 
 
 def _natives_online(lock: Lock, t: Target) -> dict[str, wheels.WheelFile]:
@@ -50,6 +67,41 @@ def _audits_offline(stack: Stack, lock: Lock) -> tuple[list[str], dict[str, audi
     return natives, audits
 
 
+def _commits(stack: Stack, t: Target, offline: bool) -> dict[str, str]:
+    """dist -> the commit each source build's ref names now (offline: as the committed lock recorded it)."""
+    prev = resolve.commits(prev_lock.text) if (prev_lock := check.read_lock(stack)) else {}
+    out = {}
+    for (dist, repo, ref), comp in zip(t.sources, [n for n, c in stack.components.items() if c.source], strict=True):
+        try:
+            if offline and (dist, repo, ref) not in prev:
+                raise InputError(f"{repo} {ref} is not in the committed lock; resolve it once without --offline")
+            out[dist] = prev[(dist, repo, ref)] if offline else source.resolve_ref(repo, ref)
+        except InputError as err:
+            pos = positions(stack).pos(("components", comp, "source", "ref"))
+            raise SpecError([Finding(pos.file, pos.line, pos.col, "error", str(err), "lock-source")]) from err
+    return out
+
+
+def _tools(stack: Stack, t: Target, lock: Lock, offline: bool) -> str | None:
+    """The source stages' build tools and their dependencies, hash-pinned (constrained to the closure's pins)."""
+    if not t.build_tools:
+        return None
+    pins = tuple(f"{e.name}=={e.version}" for e in lock.entries.values())
+    head = (
+        f"# stackbuild build-tools lock for {stack.name}; do not edit, regenerate with `{lock_command(stack)}`\n"
+        f"# inputs-sha256: {t.inputs_hash()}\n"
+        f"# what each source stage installs before its build: {' '.join(t.build_tools)}\n"
+    )
+    return head + resolve.resolve(t.tools_target(pins), offline=offline)
+
+
+def _table(stack: Stack, offline: bool) -> Table | None:
+    v = stack.sglang_version
+    if v is None:
+        return None
+    return sglang.known_table(v, stack.root) if offline else sglang.table_of_wheel(v)
+
+
 def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str], None] = lambda _: None) -> Result:
     t = target_of(stack)
     if t is None:
@@ -60,28 +112,47 @@ def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str],
     except resolve.Unsatisfiable as err:
         raise SpecError([check.unsatisfiable_finding(stack, err.reason, err.about_python)]) from err
     lock = resolve.parse(body)
+    commits = _commits(stack, t, offline)
+    for (dist, repo, ref) in t.sources:
+        progress(f"{dist}: {repo} {ref} is {commits[dist]}")
+    tools = _tools(stack, t, lock, offline)
     if offline:
         natives, audits = _audits_offline(stack, lock)
     else:
         files = _natives_online(lock, t)
         natives = sorted(files)
+        committed = check.committed_audits(stack)  # an audit of the same file (sha256) counts like a cached one
         audits = {}
         for i, n in enumerate(natives, 1):
             w = files[n]
             progress(f"auditing {i}/{len(natives)} {w.name}")
-            audits[n] = auditmod.audit_cached(w.sha256, w.name, lambda w=w: wheels.fetch(w))  # type: ignore[misc]
-    text = resolve.header(t, stack.name, natives) + body
+            known = committed.get(n)
+            audits[n] = known if known is not None and known.sha256 == w.sha256 else auditmod.audit_cached(
+                w.sha256, w.name, lambda w=w: wheels.fetch(w)  # type: ignore[misc]
+            )
+    text = resolve.header(t, stack.name, natives, commits) + body
     lock = resolve.parse(text)
     findings = check.cuda_packages(stack, lock) + check.audit_findings(stack, lock, audits)
     findings += check.unaudited(stack, lock, audits)
-    return Result(text, lock, audits, findings, lock_path(stack), audit_path(stack))
+    return Result(
+        text, lock, audits, findings, lock_path(stack), audit_path(stack), build_lock_path(stack), tools,
+        _table(stack, offline),
+    )
 
 
-def write(result: Result) -> None:
+def write(result: Result) -> list[Path]:
+    """Every file, each by temp name and rename; the lock last, so a lock on disk has its companions."""
     if any(f.severity == "error" for f in result.findings):
         raise InputError("refusing to write a lock with errors")
     resolve.write(result.audit_file, auditmod.dump_committed(result.audits))
+    written = [result.audit_file]
+    if result.tools_text is not None:
+        resolve.write(result.tools_file, result.tools_text)
+        written.append(result.tools_file)
+    if result.table is not None:
+        written.append(sglang.write_table(result.table, result.lock_file.parent))
     resolve.write(result.lock_file, result.text)
+    return [result.lock_file, *written]
 
 
 def table(stack: Stack, r: Result) -> list[str]:

@@ -6,7 +6,7 @@ import functools
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from stackbuild.spec.stack import Stack
@@ -15,6 +15,14 @@ PYPI = "https://pypi.org/simple"
 
 # component -> distribution name on the index (sglang's own Requires-Dist spelling)
 DIST = {"torch": "torch", "sgl_kernel": "sglang-kernel", "flashinfer": "flashinfer-python", "sglang": "sglang"}
+
+# What a component's source stage installs before its --no-build-isolation build: the build backend its
+# pyproject [build-system].requires names (sgl-kernel: scikit-build-core + CMake); setuptools otherwise.
+# `stackbuild lock` hash-pins them with their dependencies into STACK.build-tools.txt.
+BUILD_TOOLS: dict[str, tuple[str, ...]] = {
+    "sgl_kernel": ("scikit-build-core==0.11.5", "cmake==3.31.6"),
+}
+DEFAULT_BUILD_TOOLS = ("setuptools==75.6.0",)
 
 
 @dataclass(frozen=True)
@@ -62,9 +70,20 @@ class Target:
     extra_index_urls: tuple[str, ...]
     exclude_newer: str | None
     constraints: tuple[str, ...]
+    sources: tuple[tuple[str, str, str], ...] = ()  # (dist, repo, ref) of each source build
+    build_tools: tuple[str, ...] = ()  # what the source stages install first, hash-pinned apart
 
     def inputs_hash(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        d = asdict(self)
+        for key in ("sources", "build_tools"):  # absent for wheel-only stacks: their locks keep their hash
+            if not d[key]:
+                del d[key]
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+    def tools_target(self, pins: tuple[str, ...]) -> Target:
+        """The build tools' own resolution: same interpreter, platform, indexes and date, the closure's pins."""
+        return replace(self, requirements=self.build_tools, source_built=(), constraints=self.constraints + pins,
+                       sources=(), build_tools=())
 
     @property
     def source_dists(self) -> tuple[str, ...]:
@@ -80,6 +99,8 @@ def target_of(stack: Stack) -> Target | None:
     reqs = tuple(f"{DIST[n]}=={c.version}" for n, c in comps)
     built = tuple(f"{DIST[n]}=={c.version}" for n, c in comps if c.source is not None)
     extra = tuple(sorted({c.index for _, c in comps if c.index and c.source is None}))
+    sources = tuple((DIST[n], c.source.repo, c.source.ref) for n, c in comps if c.source is not None)
+    tools = sorted({t for n, c in comps if c.source is not None for t in BUILD_TOOLS.get(n, DEFAULT_BUILD_TOOLS)})
     return Target(
         python=stack.python,
         platform=plat,
@@ -89,6 +110,8 @@ def target_of(stack: Stack) -> Target | None:
         extra_index_urls=extra,
         exclude_newer=stack.lock.exclude_newer,
         constraints=tuple(stack.lock.constraints),
+        sources=sources,
+        build_tools=tuple(tools),
     )
 
 
@@ -119,6 +142,11 @@ def lock_command(stack: Stack) -> str:
 
 def lock_path(stack: Stack) -> Path:
     return stack.root / "stacks" / "locks" / f"{lock_stem(stack)}.txt"
+
+
+def build_lock_path(stack: Stack) -> Path:
+    """The hash-pinned build tools of the source stages (only for a stack with source builds)."""
+    return stack.root / "stacks" / "locks" / f"{lock_stem(stack)}.build-tools.txt"
 
 
 def audit_path(stack: Stack) -> Path:
