@@ -354,6 +354,35 @@ def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:
     assert f"{flagged}: error: host a: server.flags: '--no-such-flag' is not a simulator option" in r.stderr
 
 
+@pytest.mark.parametrize("name, write, where, what", [
+    ("utf16", lambda p: p.write_text("hosts:\n  - name: a\n", encoding="utf-16"), "1:1",
+     "byte 0xff is not UTF-8; save the file as UTF-8 [file]"),
+    ("newline", lambda p: p.write_text('hosts:\n  - name: a\n    address: "root@gpu1\\nrm -rf /"\n'), "3:14",
+     "hosts.0.address: control character(s) '\\n' not allowed; keep the value on one line of printable text [kind]"),
+    ("kind", lambda p: p.write_text("hosts:\n  - name: a\n    address: 'root@gpu 1'\n"), "3:14",
+     "hosts.0.address: not [USER@]HOST[:PORT] (e.g. root@gpu1:22, or an ~/.ssh/config alias) [inventory]"),
+])
+def test_an_inventory_is_a_spec_refused_before_any_rollout_is_recorded(
+        tmp_path: Path, name: str, write: object, where: str, what: str) -> None:
+    import subprocess
+    import sys
+
+    inv, ledger = tmp_path / f"{name}.yaml", tmp_path / "ledger.db"
+    write(inv)  # type: ignore[operator]
+    r = subprocess.run([sys.executable, "-m", "stackbuild", "deploy", "sim", "--fleet", "--inventory", str(inv),
+                        "--image", "r@sha256:" + "0" * 64, "--ledger", str(ledger)],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"{inv}:{where}: error: {what}\n")
+    assert not ledger.exists()  # nothing recorded, and no host was reached (none is named that could be)
+
+
+def test_hosts_words_that_are_not_declared_must_be_addresses() -> None:
+    with pytest.raises(InputError) as err:
+        select([FleetHost(name="a")], ["a", "root@gpu1\nx"], "s")
+    assert str(err.value) == ("--hosts 'root@gpu1\\nx': neither a host of the fleet nor an address: control "
+                              "character(s) '\\n' not allowed; write [USER@]HOST[:PORT]")
+
+
 def test_fleet_status_table() -> None:
     from stackbuild.fleet.record import RolloutHostRecord, RolloutRecord
     from stackbuild.fleet.status import HostStatusRow, render
