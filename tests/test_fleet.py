@@ -387,16 +387,19 @@ def test_fleet_status_table() -> None:
     from stackbuild.fleet.record import RolloutHostRecord, RolloutRecord
     from stackbuild.fleet.status import HostStatusRow, render
 
-    rows = [HostStatusRow("h0", "svc0", True, "r@sha256:" + "a" * 64, "sim-good", "pass", None, None),
-            HostStatusRow("h1", "-", False, None, None, None, None, None, error="SSH to h1: refused")]
+    rows = [HostStatusRow("h0", "svc0", True, "r@sha256:" + "a" * 64, "sim-good", "pass", None, None,
+                          enabled="enabled"),
+            HostStatusRow("h1", "-", False, None, None, None, None, None, error="SSH to h1: refused"),
+            HostStatusRow("h2", "svc2", True, "r@sha256:" + "b" * 64, "sim", "pass", None, None, enabled="disabled")]
     last = RolloutRecord("r1", "t0", "t1", "sim-good", "r@sha256:" + "a" * 64, "sha256:" + "a" * 64, "halt",
                          [["h0"], ["h1"]], "stopped", "wave 1 failed",
                          [RolloutHostRecord("h0", 0, "promoted", "pass", "", "C=8: off", {8: 1.0})])
     assert render(rows, last).splitlines() == [
-        "| host | service | active | release | digest | last verdict | pending | lock |",
-        "|---|---|---|---|---|---|---|---|",
-        "| h0 | svc0 | active | sim-good | sha256:aaaaaaaaaaaa | pass |  |  |",
-        "| h1 | - | UNREACHABLE | | | | | SSH to h1: refused |",
+        "| host | service | active | on boot | release | digest | last verdict | pending | lock |",
+        "|---|---|---|---|---|---|---|---|---|",
+        "| h0 | svc0 | active | starts | sim-good | sha256:aaaaaaaaaaaa | pass |  |  |",
+        "| h1 | - | UNREACHABLE | | | | | | SSH to h1: refused |",
+        "| h2 | svc2 | active | NOT started (disabled) | sim | sha256:bbbbbbbbbbbb | pass |  |  |",
         "",
         "last rollout r1 of sim-good (sha256:aaaaaaaaaaaa): stopped, on_failure=halt: wave 1 failed",
         "  h0: promoted (pass) FLAGGED",

@@ -155,7 +155,7 @@ class Fleet:
         text = self.status()
         for i, rel in enumerate(self.releases()):
             row = next(ln for ln in text.splitlines() if ln.startswith(f"| h{i} |"))
-            assert f"| {rel} |" in row and "| active |" in row, (rel, row)
+            assert f"| {rel} |" in row and "| active | starts |" in row, (rel, row)
 
 
 @pytest.fixture(scope="module")
