@@ -138,6 +138,10 @@ class FakeOps:
     medians: dict[str, dict[int, float]] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
 
+    def converge(self, host: str) -> str | None:
+        self.calls.append(("converge", host))
+        return None
+
     def preflight(self, host: str) -> str | None:
         self.calls.append(("preflight", host))
         return "ssh: connection refused" if host in self.unreachable else None
@@ -210,7 +214,7 @@ def test_unreachable_host_refuses_before_any_pull_or_deploy() -> None:
     ops = FakeOps(unreachable={"h3"})
     res, rec = _run(ops)
     assert (res.outcome, res.exit_code) == ("refused", 4)  # type: ignore[attr-defined]
-    assert [w for w, _ in ops.calls] == ["preflight"] * 4
+    assert [w for w, _ in ops.calls] == ["converge"] * 4 + ["preflight"] * 4
     assert rec.rows["h3"].outcome == "refused" and rec.rows["h0"].outcome == "untouched"
 
 
@@ -328,6 +332,22 @@ def test_ledger_rollouts_round_trip_and_resume_order(tmp_path: Path) -> None:
                                                           ("r1", "running", "rollback_all")]
     (a,) = got[1].hosts
     assert (a.host, a.outcome, a.medians, a.detail) == ("a", "reverted", {4: 120.5}, "[redacted]")
+
+
+def test_a_rollout_resumed_under_another_plan_keeps_only_its_hosts_rows(tmp_path: Path) -> None:
+    from stackbuild.fleet.record import record_host, rollouts, start_rollout
+    from stackbuild.results.ledger import Ledger
+
+    with Ledger(tmp_path / "l.db") as db:
+        start_rollout(db, id="r1", stack="s", image="i@sha256:1", digest="sha256:1", policy="halt",
+                      plan=[["a"], ["b", "gone"]])
+        for h in ("a", "gone"):
+            record_host(db, "r1", host=h, wave=0, outcome="refused", verdict=None, detail="", flagged=None,
+                        medians={})
+        start_rollout(db, id="r1", stack="s", image="i@sha256:1", digest="sha256:1", policy="halt",
+                      plan=[["a"], ["b"]])
+        (r,) = rollouts(db)
+    assert (r.plan, [h.host for h in r.hosts]) == ([["a"], ["b"]], ["a"])
 
 
 def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:

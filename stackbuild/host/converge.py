@@ -144,6 +144,22 @@ def commit(remote: Remote, paths: HostPaths, state: HostState, staged_unit: str)
                  (staged_state, paths.state_file), secrets.transaction_files(paths))
 
 
+def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float) -> str:
+    """Before a rollout touches the host: what an interrupted run left there (its stale lock, its
+    pending marker and the candidate it was running, a switch unit, the main unit's override) is
+    put back to the committed state, as a single deploy does first. Returns what was done."""
+    with HostLock(remote, paths, me("converge before a rollout"), lock_ttl_s) as lock:
+        state = read_state(remote, paths)
+        done = [f"broke a stale lock ({lock.broke.what})"] if lock.broke else []
+        if state.pending is not None:
+            to_current(remote, paths, state, conv)
+            done.append(f"put back an interrupted {state.pending.op} of {state.pending.image}")
+        elif left := units.existing(remote, *paths.candidate_paths, *paths.switch_paths, paths.override_path):
+            to_current(remote, paths, state, conv)
+            done.append(f"removed what an interrupted run left: {', '.join(left)}")
+    return "; ".join(done) or "nothing to converge"
+
+
 def rollback(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float) -> HostState:
     """Make the previous release current again, verified serving."""
     rep = conv.report

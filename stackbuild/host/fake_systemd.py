@@ -23,6 +23,7 @@ from stackbuild.host.ssh import RemoteResult
 from stackbuild.host.unit_probe import POLL_SCRIPT
 from stackbuild.host.units import (
     COMMIT_SCRIPT,
+    EXISTING_SCRIPT,
     INSTALL_SCRIPT,
     LOGS_SCRIPT,
     REMOVE_SCRIPT,
@@ -375,6 +376,8 @@ class FakeSystemd(FakeRemote):
             return self._ok(cmd)
         if script == COMMIT_SCRIPT:
             return self._commit(cmd, *p)
+        if script == EXISTING_SCRIPT:
+            return self._ok(cmd, "".join(f"{path}\n" for path in p if path in self.files or path in self.dirs))
         if script == POLL_SCRIPT:
             (unit,) = p
             st = self.units.get(unit, SysUnit())

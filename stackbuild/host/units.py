@@ -57,6 +57,7 @@ SWITCH_SCRIPT = (
     'install -m 0644 "$4" "$5.stackbuild-tmp" && mv -f "$5.stackbuild-tmp" "$5" && systemctl daemon-reload '
     '&& { systemctl reset-failed "$3" 2>/dev/null; systemctl start "$3"; }'
 )
+EXISTING_SCRIPT = 'for p in "$@"; do if [ -e "$p" ]; then echo "$p"; fi; done'
 BOOT_PROPERTIES = ["-p", "ActiveState", "-p", "UnitFileState", "-p", "FragmentPath"]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -146,6 +147,12 @@ def switch(remote: Remote, paths: HostPaths, args: list[str]) -> None:
 
 def remove(remote: Remote, unit: str, *paths: str) -> None:
     remote.run(sh_argv(REMOVE_SCRIPT, unit, *paths), what=f"remove {unit}")
+
+
+def existing(remote: Remote, *paths: str) -> list[str]:
+    """Which of `paths` exist on the host."""
+    res = remote.run(sh_argv(EXISTING_SCRIPT, *paths), what="look for unit files", changes=False)
+    return res.stdout.split()
 
 
 def enable(remote: Remote, unit: str) -> None:
