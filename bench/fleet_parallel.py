@@ -24,7 +24,7 @@ from stackbuild.effects.net import free_port
 from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.rollout import each
 from stackbuild.host import local
-from stackbuild.host.session import pin
+from stackbuild.host.session import RunOptions, pin
 from stackbuild.host.ssh import SshOptions
 from stackbuild.image.build import build_stack
 from stackbuild.spec.fleet import FleetHost
@@ -78,8 +78,9 @@ def main() -> None:
             names = list(inv)
 
             def ops(variant: str | None) -> RealOps:
-                return RealOps(stack=load_stack("fleetbench", root=root, variant=variant), hosts=inv, image=image,
-                               ssh=ssh, ledger=root / "ledger.db", root=root, echo=lambda s: None)
+                run = RunOptions(stack=load_stack("fleetbench", root=root, variant=variant), ssh=ssh,
+                                 ledger=root / "ledger.db", root=root)
+                return RealOps(run=run, hosts=inv, image=image, echo=lambda s: None)
 
             setup = each(names, ops(None).deploy, n)  # baseline everywhere (not timed)
             assert all(getattr(r, "outcome", None) == "promoted" for r in setup.values()), setup

@@ -182,6 +182,26 @@ def snapshot(host: FakeHost) -> tuple[object, ...]:
     return dict(host.files), dict(host.modes), dict(host.dirs), units, procs, set(host.images), dict(host.loaded)
 
 
+def reboot_serves(host: FakeHost, port: int = PORT) -> str | None:
+    """Power-cycle the host, give its servers time to load: the image serving `port` then, if any."""
+    host.reboot()
+    host.sleep(5.0)
+    return host.serving(port)
+
+
+def assert_boots_what_the_state_names(host: FakeHost) -> None:
+    """The boot invariant: after a power cycle the host serves the release its state file names
+    (nothing when it names none), from the committed unit in /etc, with nothing left in /run."""
+    cur = state(host).current
+    assert reboot_serves(host) == (cur.image if cur else None)
+    assert not [f for f in host.files if f.startswith("/run/")]
+    if cur is not None:
+        assert host.fragments[MAIN] == PATHS.main_path and host.enabled == {MAIN: PATHS.main_path}
+        assert host.files[PATHS.main_path] == cur.unit
+    else:
+        assert MAIN not in host.enabled
+
+
 def owners_masked(commands: list[list[str]]) -> list[list[str]]:
     """argv with the lock owner's JSON (pid and wall-clock times) masked as <owner>."""
     def mask(a: str) -> str:

@@ -32,7 +32,12 @@ from stackbuild.host.state import HostState
 from stackbuild.host.unit_probe import POLL_SCRIPT
 
 RESTORE_SECRETS = sh_argv(secrets.RESTORE_SCRIPT, ENV, BACKUP, CAND_ENV)
-REMOVE_CAND = sh_argv(units.REMOVE_SCRIPT, CAND_UNIT, PATHS.unit_path(CAND_UNIT))
+REMOVE_CAND = sh_argv(units.REMOVE_SCRIPT, CAND_UNIT, *PATHS.candidate_paths)
+REMOVE_SWITCH = sh_argv(units.REMOVE_SCRIPT, PATHS.switch_unit, *PATHS.switch_paths)
+SHOW_MAIN = ["systemctl", "show", MAIN, *units.BOOT_PROPERTIES]
+STAGED, STAGED_STATE = f"{PATHS.staging_dir}/{MAIN}", f"{PATHS.staging_dir}/state.json"
+COMMIT = sh_argv(units.COMMIT_SCRIPT, STAGED, PATHS.main_path, PATHS.override_path, MAIN, STAGED_STATE,
+                 PATHS.state_file, BACKUP, f"{BACKUP}.absent", CAND_ENV)
 
 
 def conv(host: FakeHost) -> converge.Converger:
@@ -48,8 +53,8 @@ def test_incumbent_already_running_is_left_alone() -> None:
     host.commands.clear()
     assert converge.to_current(host, PATHS, st, c) == st
     assert host.commands == [
-        REMOVE_CAND, RESTORE_SECRETS,
-        sh_argv(READ_FILE_SCRIPT, PATHS.unit_path(MAIN)), ["systemctl", "is-active", MAIN],
+        REMOVE_CAND, REMOVE_SWITCH, RESTORE_SECRETS,
+        SHOW_MAIN, sh_argv(READ_FILE_SCRIPT, PATHS.unit_path(MAIN)),
         sh_argv(POLL_SCRIPT, MAIN),  # serving at the first poll
         ["mkdir", "-p", PATHS.base], ["<put>", PATHS.state_file, "0644"],
     ]
@@ -65,18 +70,21 @@ def test_unit_text_that_differs_is_reinstalled_and_the_outage_timed() -> None:
     t0 = host.now
     host.commands.clear()
     converge.to_current(host, PATHS, st, c)
-    staged = f"{PATHS.staging_dir}/{MAIN}"
-    assert host.commands[:12] == [
-        REMOVE_CAND, RESTORE_SECRETS,
-        sh_argv(READ_FILE_SCRIPT, PATHS.unit_path(MAIN)),
+    poll = sh_argv(POLL_SCRIPT, MAIN)
+    assert host.commands == [
+        REMOVE_CAND, REMOVE_SWITCH, RESTORE_SECRETS,
+        SHOW_MAIN, sh_argv(READ_FILE_SCRIPT, PATHS.unit_path(MAIN)),
         ["systemctl", "stop", MAIN], ["docker", "image", "inspect", "--format", "{{.Id}}", INCUMBENT],
-        ["mkdir", "-p", PATHS.staging_dir], ["<put>", staged, "0644"],
-        sh_argv(units.INSTALL_SCRIPT, staged, PATHS.unit_path(MAIN)),
+        # it runs from the /run override until it serves, then the commit makes it the /etc unit again
+        ["mkdir", "-p", PATHS.staging_dir], ["<put>", STAGED, "0644"],
+        sh_argv(units.INSTALL_SCRIPT, STAGED, PATHS.override_path),
         ["systemctl", "reset-failed", MAIN], ["systemctl", "start", MAIN],
-        sh_argv(POLL_SCRIPT, MAIN), sh_argv(POLL_SCRIPT, MAIN),
+        poll, poll, poll, poll, poll,
+        ["<put>", STAGED_STATE, "0644"], COMMIT,
     ]
     assert host.files[PATHS.unit_path(MAIN)] == unit_text(INCUMBENT)
     assert host.serving(PORT) == INCUMBENT and c.report.outages == [(t0, t0 + 2.0)]
+    assert host.enabled == {MAIN: PATHS.main_path} and PATHS.override_path not in host.files
 
 
 def test_no_incumbent_removes_the_candidate_and_nothing_runs() -> None:
@@ -88,9 +96,11 @@ def test_no_incumbent_removes_the_candidate_and_nothing_runs() -> None:
     assert host.running == {} and PATHS.unit_path(MAIN) not in host.files and MAIN not in host.loaded
     assert settled(state(host))["current"] is None and state(host).pending is None
     restore = host.commands.index(REMOVE_CAND)
-    assert host.commands[restore:restore + 5] == [
-        REMOVE_CAND, RESTORE_SECRETS, sh_argv(units.REMOVE_SCRIPT, MAIN, PATHS.unit_path(MAIN)),
+    assert host.commands[restore:restore + 6] == [
+        REMOVE_CAND, REMOVE_SWITCH, RESTORE_SECRETS,
+        sh_argv(units.REMOVE_SCRIPT, MAIN, PATHS.override_path, PATHS.main_path),
         ["mkdir", "-p", PATHS.base], ["<put>", PATHS.state_file, "0644"]]
+    assert host.enabled == {} and not [f for f in host.files if f.startswith(("/etc/systemd", "/run/"))]
 
 
 def test_the_operators_secrets_file_is_put_back_before_the_incumbent_restarts() -> None:

@@ -68,7 +68,8 @@ def assert_incumbent_back(host: object, before: dict[str, object], strategy: str
 
     assert isinstance(host, FakeHost)
     assert host.files[PATHS.unit_path(MAIN)] == unit_text(INCUMBENT)
-    assert PATHS.unit_path(CAND_UNIT) not in host.files and CAND_UNIT not in host.loaded
+    assert not {*PATHS.candidate_paths, PATHS.override_path} & host.files.keys() and CAND_UNIT not in host.loaded
+    assert host.enabled == {MAIN: PATHS.main_path} and host.fragments[MAIN] == PATHS.main_path  # boots it
     assert set(host.running) == {MAIN} and host.state_of(MAIN) == "active"
     assert host.serving(PORT) == INCUMBENT
     if strategy == "side-by-side":  # never stopped, never restarted

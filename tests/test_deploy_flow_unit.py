@@ -22,6 +22,7 @@ from helpers_deploy import (
     STAGING,
     SVC,
     FakeGate,
+    assert_boots_what_the_state_names,
     fake_host,
     owners_masked,
     profile,
@@ -72,8 +73,13 @@ def test_first_deploy_promotes_commits_and_sends_exactly_these_commands() -> Non
     assert host.running[MAIN].image == CANDIDATE and host.running[MAIN].env == {"HF_TOKEN": "tok"}
     assert [(c.served_by, c.baseline, c.url) for c in gate.calls] == [(CANDIDATE, None, f"http://127.0.0.1:{PORT}")]
     assert PATHS.lock_dir not in host.dirs
+    # committed: the unit in /etc, enabled (linked to that file), the override gone
+    main = PATHS.main_path
+    assert (host.files[main], host.fragments[MAIN], host.enabled) == (unit_text(CANDIDATE), main, {MAIN: main})
+    assert host.unit_file_state(MAIN) == "enabled" and PATHS.override_path not in host.files
 
     staged, unit_path = f"{PATHS.staging_dir}/{MAIN}", PATHS.unit_path(MAIN)
+    staged_state = f"{PATHS.staging_dir}/state.json"
     inspect = ["docker", "image", "inspect", "--format", "{{.Id}}", CANDIDATE]
     poll = sh_argv(POLL_SCRIPT, MAIN)
     assert sent == [
@@ -86,12 +92,16 @@ def test_first_deploy_promotes_commits_and_sends_exactly_these_commands() -> Non
         ["mkdir", "-p", PATHS.base], ["<put>", PATHS.state_file, "0644"],  # pending marked
         sh_argv(READ_FILE_SCRIPT, ENV), ["mkdir", "-p", "-m", "0700", "/etc/stackbuild"],
         sh_argv(secrets.BACKUP_SCRIPT, ENV, BACKUP), ["<put>", ENV, "0600"],
-        ["date", "+%s"], sh_argv(units.INSTALL_SCRIPT, staged, unit_path),
+        # the candidate runs from the main unit's /run override: not enabled, gone on a reboot
+        ["date", "+%s"], sh_argv(units.INSTALL_SCRIPT, staged, PATHS.override_path),
         ["systemctl", "reset-failed", MAIN], ["systemctl", "start", MAIN],
         poll, poll, poll, poll, poll,  # it listens 2 s after its start; polled every 0.5 s
         ["mkdir", "-p", f"{PATHS.base}/results"], ["<put>", PATHS.result_file(key), "0644"],
-        ["mkdir", "-p", PATHS.base], ["<put>", PATHS.state_file, "0644"],
-        sh_argv(secrets.COMMIT_SCRIPT, BACKUP, CAND_ENV),
+        # the commit: unit into /etc, override dropped, enabled, then the state, in one command
+        # and the transaction's secrets files (the backup: the operator's file now holds what runs)
+        ["<put>", staged_state, "0644"],
+        sh_argv(units.COMMIT_SCRIPT, staged, unit_path, PATHS.override_path, MAIN, staged_state, PATHS.state_file,
+                BACKUP, f"{BACKUP}.absent", CAND_ENV),
         sh_argv(RELEASE_SCRIPT, PATHS.lock_dir, "<owner>"),
     ]
 
@@ -105,6 +115,7 @@ def test_swap_stops_the_incumbent_and_reports_the_exact_outage() -> None:
 
     assert (rep.outcome, rep.exit_code, rep.verdict) == ("promoted", 0, "pass")
     assert steps(rep) == [*GOOD, ("promote", True)]
+    assert rep.steps[-1].detail == f"host state committed; {MAIN} enabled (starts on boot)"
     assert rep.steps[5].detail == f"stored result of {D_INC[:19]} (fingerprint {profile().workload().fingerprint()})"
     # stopped at t0, the candidate listens 2 s after its start: one outage of exactly 2 s
     assert rep.outages == [(t0, t0 + 2.0)] and rep.downtime_s == 2.0
@@ -117,11 +128,12 @@ def test_swap_stops_the_incumbent_and_reports_the_exact_outage() -> None:
     start = host.commands.index(["date", "+%s"])
     assert host.commands[start:start + 5] == [
         ["date", "+%s"], ["systemctl", "stop", MAIN],
-        sh_argv(units.INSTALL_SCRIPT, f"{PATHS.staging_dir}/{MAIN}", PATHS.unit_path(MAIN)),
+        sh_argv(units.INSTALL_SCRIPT, f"{PATHS.staging_dir}/{MAIN}", PATHS.override_path),
         ["systemctl", "reset-failed", MAIN], ["systemctl", "start", MAIN],
     ]
     assert host.files[PATHS.unit_path(MAIN)] == unit_text(CANDIDATE)
     assert host.running[MAIN].image == CANDIDATE and set(host.running) == {MAIN}
+    assert_boots_what_the_state_names(host)
 
 
 def test_side_by_side_gates_on_the_staging_port_then_switches_in_one_transaction() -> None:
@@ -144,24 +156,30 @@ def test_side_by_side_gates_on_the_staging_port_then_switches_in_one_transaction
     # candidate ready 2 s after its start; the switch at t0+2 and the new main unit listens 2 s later
     assert rep.outages == [(t0 + 2.0, t0 + 4.0)] and rep.downtime_s == 2.0
     switch = host.commands.index(["systemctl", "daemon-reload"])
-    assert host.commands[switch - 2:switch + 3] == [
+    one_shot = f"stackbuild-switch-{SVC}.service"
+    assert host.commands[switch - 2:switch + 4] == [
         ["<put>", f"{PATHS.staging_dir}/switch.sh", "0700"],
-        ["<put>", f"/etc/systemd/system/stackbuild-switch-{SVC}.service", "0644"],
+        ["<put>", f"/run/systemd/system/{one_shot}", "0644"],
         ["systemctl", "daemon-reload"],
-        ["systemctl", "reset-failed", f"stackbuild-switch-{SVC}.service"],
-        ["systemctl", "start", f"stackbuild-switch-{SVC}.service"],
+        ["systemctl", "reset-failed", one_shot],
+        ["systemctl", "start", one_shot],
+        # the transaction ran to its end: its unit goes (and one an earlier version left in /etc)
+        sh_argv(units.REMOVE_SCRIPT, one_shot, f"/run/systemd/system/{one_shot}", f"/etc/systemd/system/{one_shot}"),
     ]
     assert [c for c in host.commands[:switch] if MAIN in c] == [["systemctl", "is-active", MAIN]]  # only looked at
-    assert host.state_of(f"stackbuild-switch-{SVC}.service") == "inactive"  # the transaction ran to its end
+    assert one_shot not in host.loaded and not [f for f in host.files if one_shot in f]
+    # the candidate ran from /run, never enabled; the switch started the main unit from its override
+    assert call.units == {MAIN: "active", CAND_UNIT: "active"} and host.enabled == {MAIN: PATHS.main_path}
     # after: the main unit (operator's env file) runs the candidate; the candidate unit and its copy are gone
     assert set(host.running) == {MAIN} and host.running[MAIN].image == CANDIDATE
     assert host.running[MAIN].env == {"HF_TOKEN": "new"}
     assert host.files[PATHS.unit_path(MAIN)] == unit_text(CANDIDATE)
-    assert PATHS.unit_path(CAND_UNIT) not in host.files and CAND_UNIT not in host.loaded
+    assert not {*PATHS.candidate_paths, PATHS.override_path} & host.files.keys() and CAND_UNIT not in host.loaded
     assert host.files[ENV] == merged and host.modes[ENV] == 0o600
     assert not {BACKUP, CAND_ENV} & host.files.keys()
     st = settled(state(host))
     assert (st["current"], st["previous"]["image"], st["pending"]) == (release(CANDIDATE, D_CAND), INCUMBENT, None)
+    assert_boots_what_the_state_names(host)
 
 
 def test_candidate_unit_text_is_the_staging_render() -> None:
@@ -169,7 +187,8 @@ def test_candidate_unit_text_is_the_staging_render() -> None:
     gate = FakeGate(host)
 
     def check(url: str, *a: object) -> GateResult:
-        assert host.files[PATHS.unit_path(CAND_UNIT)] == unit_text(CANDIDATE, STAGING, f"{SVC}-candidate", CAND_ENV)
+        assert host.files[PATHS.candidate_paths[0]] == unit_text(CANDIDATE, STAGING, f"{SVC}-candidate", CAND_ENV)
+        assert host.unit_file_state(CAND_UNIT) == "disabled" and host.unit_file_state(MAIN) == "enabled"
         return gate(url, *a)  # type: ignore[arg-type]
 
     rep = run(host, "side-by-side", gate=check)  # type: ignore[arg-type]

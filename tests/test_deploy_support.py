@@ -205,7 +205,8 @@ class Project:
     def snapshot(self) -> tuple[str, str, str]:
         """State file bytes, main unit text, candidate unit presence: 'nothing changed' means equal."""
         st = self.host.sh(f"cat /var/lib/stackbuild/{self.service}/state.json").stdout
-        cand = self.host.sh(f"ls /etc/systemd/system/{self.service}-candidate.service").returncode
+        cand = self.host.sh(f"ls /run/systemd/system/{self.service}-candidate.service "
+                            f"/etc/systemd/system/{self.service}-candidate.service").returncode
         return st, self.unit_text(), str(cand)
 
 
@@ -337,7 +338,10 @@ def assert_incumbent_unchanged(p: Project, before: dict[str, object]) -> None:
     assert after.get("pending") is None
     assert p.active() == "active"
     assert p.serving(), "the incumbent does not serve after the failed deploy"
-    assert p.host.sh(f"test -e /etc/systemd/system/{p.service}-candidate.service").returncode != 0
+    for d in ("/run/systemd/system", "/etc/systemd/system"):
+        assert p.host.sh(f"test -e {d}/{p.service}-candidate.service").returncode != 0
+    assert p.host.sh(f"test -e /run/systemd/system.control/{p.service}.service").returncode != 0  # no override
+    assert p.host.sh(f"systemctl is-enabled {p.service}").stdout.strip() == "enabled"
     assert p.host.sh(f"test -d /var/lib/stackbuild/{p.service}/lock").returncode != 0
 
 

@@ -30,9 +30,13 @@ def test_side_by_side_promotes_through_one_transaction(project: Project) -> None
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "--seed 1" in p.unit_text() and p.serving()
-    assert p.host.sh(f"test -e /etc/systemd/system/{p.service}-candidate.service").returncode != 0
-    res = p.host.sh(f"systemctl show -p Result -p ActiveState stackbuild-switch-{p.service}.service").stdout
-    assert "Result=success" in res and "ActiveState=inactive" in res  # ran to its end, on the host
+    one_shot = f"stackbuild-switch-{p.service}.service"
+    for d in ("/run/systemd/system", "/etc/systemd/system"):  # the candidate and the switch's oneshot: gone
+        assert p.host.sh(f"ls {d}/{p.service}-candidate.service {d}/{one_shot}").stdout == ""
+    assert p.host.sh(f"systemctl show -p LoadState {one_shot}").stdout.strip() == "LoadState=not-found"
+    # the promoted release runs from its committed unit, enabled
+    show = p.host.sh(f"systemctl show -p FragmentPath -p UnitFileState {p.service}").stdout.split()
+    assert show == [f"FragmentPath=/etc/systemd/system/{p.service}.service", "UnitFileState=enabled"]
     record_figure(scenario="side-by-side switch", client_s=round(client.downtime(), 3),
                   failed_requests=client.failed, requests=len(client.results))
 

@@ -138,6 +138,10 @@ class FakeOps:
     medians: dict[str, dict[int, float]] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
 
+    def converge(self, host: str) -> str | None:
+        self.calls.append(("converge", host))
+        return None
+
     def preflight(self, host: str) -> str | None:
         self.calls.append(("preflight", host))
         return "ssh: connection refused" if host in self.unreachable else None
@@ -210,7 +214,7 @@ def test_unreachable_host_refuses_before_any_pull_or_deploy() -> None:
     ops = FakeOps(unreachable={"h3"})
     res, rec = _run(ops)
     assert (res.outcome, res.exit_code) == ("refused", 4)  # type: ignore[attr-defined]
-    assert [w for w, _ in ops.calls] == ["preflight"] * 4
+    assert [w for w, _ in ops.calls] == ["converge"] * 4 + ["preflight"] * 4
     assert rec.rows["h3"].outcome == "refused" and rec.rows["h0"].outcome == "untouched"
 
 
@@ -330,6 +334,22 @@ def test_ledger_rollouts_round_trip_and_resume_order(tmp_path: Path) -> None:
     assert (a.host, a.outcome, a.medians, a.detail) == ("a", "reverted", {4: 120.5}, "[redacted]")
 
 
+def test_a_rollout_resumed_under_another_plan_keeps_only_its_hosts_rows(tmp_path: Path) -> None:
+    from stackbuild.fleet.record import record_host, rollouts, start_rollout
+    from stackbuild.results.ledger import Ledger
+
+    with Ledger(tmp_path / "l.db") as db:
+        start_rollout(db, id="r1", stack="s", image="i@sha256:1", digest="sha256:1", policy="halt",
+                      plan=[["a"], ["b", "gone"]])
+        for h in ("a", "gone"):
+            record_host(db, "r1", host=h, wave=0, outcome="refused", verdict=None, detail="", flagged=None,
+                        medians={})
+        start_rollout(db, id="r1", stack="s", image="i@sha256:1", digest="sha256:1", policy="halt",
+                      plan=[["a"], ["b"]])
+        (r,) = rollouts(db)
+    assert (r.plan, [h.host for h in r.hosts]) == ([["a"], ["b"]], ["a"])
+
+
 def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -354,20 +374,52 @@ def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:
     assert f"{flagged}: error: host a: server.flags: '--no-such-flag' is not a simulator option" in r.stderr
 
 
+@pytest.mark.parametrize("name, write, where, what", [
+    ("utf16", lambda p: p.write_text("hosts:\n  - name: a\n", encoding="utf-16"), "1:1",
+     "byte 0xff is not UTF-8; save the file as UTF-8 [file]"),
+    ("newline", lambda p: p.write_text('hosts:\n  - name: a\n    address: "root@gpu1\\nrm -rf /"\n'), "3:14",
+     "hosts.0.address: control character(s) '\\n' not allowed; keep the value on one line of printable text [kind]"),
+    ("kind", lambda p: p.write_text("hosts:\n  - name: a\n    address: 'root@gpu 1'\n"), "3:14",
+     "hosts.0.address: not [USER@]HOST[:PORT] (e.g. root@gpu1:22, or an ~/.ssh/config alias) [inventory]"),
+])
+def test_an_inventory_is_a_spec_refused_before_any_rollout_is_recorded(
+        tmp_path: Path, name: str, write: object, where: str, what: str) -> None:
+    import subprocess
+    import sys
+
+    inv, ledger = tmp_path / f"{name}.yaml", tmp_path / "ledger.db"
+    write(inv)  # type: ignore[operator]
+    r = subprocess.run([sys.executable, "-m", "stackbuild", "deploy", "sim", "--fleet", "--inventory", str(inv),
+                        "--image", "r@sha256:" + "0" * 64, "--ledger", str(ledger)],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"{inv}:{where}: error: {what}\n")
+    assert not ledger.exists()  # nothing recorded, and no host was reached (none is named that could be)
+
+
+def test_hosts_words_that_are_not_declared_must_be_addresses() -> None:
+    with pytest.raises(InputError) as err:
+        select([FleetHost(name="a")], ["a", "root@gpu1\nx"], "s")
+    assert str(err.value) == ("--hosts 'root@gpu1\\nx': neither a host of the fleet nor an address: control "
+                              "character(s) '\\n' not allowed; write [USER@]HOST[:PORT]")
+
+
 def test_fleet_status_table() -> None:
     from stackbuild.fleet.record import RolloutHostRecord, RolloutRecord
     from stackbuild.fleet.status import HostStatusRow, render
 
-    rows = [HostStatusRow("h0", "svc0", True, "r@sha256:" + "a" * 64, "sim-good", "pass", None, None),
-            HostStatusRow("h1", "-", False, None, None, None, None, None, error="SSH to h1: refused")]
+    rows = [HostStatusRow("h0", "svc0", True, "r@sha256:" + "a" * 64, "sim-good", "pass", None, None,
+                          enabled="enabled"),
+            HostStatusRow("h1", "-", False, None, None, None, None, None, error="SSH to h1: refused"),
+            HostStatusRow("h2", "svc2", True, "r@sha256:" + "b" * 64, "sim", "pass", None, None, enabled="disabled")]
     last = RolloutRecord("r1", "t0", "t1", "sim-good", "r@sha256:" + "a" * 64, "sha256:" + "a" * 64, "halt",
                          [["h0"], ["h1"]], "stopped", "wave 1 failed",
                          [RolloutHostRecord("h0", 0, "promoted", "pass", "", "C=8: off", {8: 1.0})])
     assert render(rows, last).splitlines() == [
-        "| host | service | active | release | digest | last verdict | pending | lock |",
-        "|---|---|---|---|---|---|---|---|",
-        "| h0 | svc0 | active | sim-good | sha256:aaaaaaaaaaaa | pass |  |  |",
-        "| h1 | - | UNREACHABLE | | | | | SSH to h1: refused |",
+        "| host | service | active | on boot | release | digest | last verdict | pending | lock |",
+        "|---|---|---|---|---|---|---|---|---|",
+        "| h0 | svc0 | active | starts | sim-good | sha256:aaaaaaaaaaaa | pass |  |  |",
+        "| h1 | - | UNREACHABLE | | | | | | SSH to h1: refused |",
+        "| h2 | svc2 | active | NOT started (disabled) | sim | sha256:bbbbbbbbbbbb | pass |  |  |",
         "",
         "last rollout r1 of sim-good (sha256:aaaaaaaaaaaa): stopped, on_failure=halt: wave 1 failed",
         "  h0: promoted (pass) FLAGGED",

@@ -21,7 +21,6 @@ import pytest
 from test_deploy_support import (
     HostBox,
     SimImage,
-    docker,
     free_port,
     generate,
     need_infra,
@@ -155,7 +154,7 @@ class Fleet:
         text = self.status()
         for i, rel in enumerate(self.releases()):
             row = next(ln for ln in text.splitlines() if ln.startswith(f"| h{i} |"))
-            assert f"| {rel} |" in row and "| active |" in row, (rel, row)
+            assert f"| {rel} |" in row and "| active | starts |" in row, (rel, row)
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +230,7 @@ def test_unreachable_host_refuses_before_any_change(on_baseline: Fleet) -> None:
     dead = f"  - name: h3\n    address: root@127.0.0.1:{free_port()}\n    port: {free_port()}\n"
     r = f.rollout("good2", inventory=f.inventory("dead.yaml", extra=dead))
     assert r.returncode == 4, r.stdout + r.stderr
-    assert "preflight failed on h3; no host was changed" in r.stdout
+    assert "cannot converge h3; nothing was deployed" in r.stdout  # the first step to reach the hosts
     assert _snapshots(f) == before
     f.assert_all_serving()
     assert f.last_rollout().outcome == "refused"  # type: ignore[attr-defined]
@@ -250,34 +249,44 @@ def test_soak_regression_rolls_the_wave_back(on_baseline: Fleet) -> None:
     f.assert_status_agrees()
 
 
-def test_sigkill_mid_rollout_then_resume(on_baseline: Fleet) -> None:
+def _candidate_runs(f: Fleet, i: int) -> bool:
+    """Host i is marked pending and its main unit runs the candidate from its /run override."""
+    show = f.hosts[i].sh(f"systemctl show -p ActiveState -p FragmentPath {f.service(i)}").stdout.split()
+    return bool(f.state(i).get("pending")) and show == [
+        "ActiveState=active", f"FragmentPath=/run/systemd/system.control/{f.service(i)}.service"]
+
+
+def test_sigkill_while_a_candidate_runs_then_the_same_command_resumes(on_baseline: Fleet) -> None:
     f = on_baseline
     args = ["deploy", "fleettest", "--variant", "good2", "--fleet", "--inventory", str(f.inventory()),
             "--image", f.image.ref, "--ledger", str(f.ledger)]
-    proc = subprocess.Popen(f.cli(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=f.root, start_new_session=True)
-    assert proc.stdout is not None
-    seen = []
-    deadline = time.monotonic() + 180
-    for line in proc.stdout:  # kill once wave 1 has started deploying
-        seen.append(line)
-        if line.startswith("fleet: wave 1") or time.monotonic() > deadline:
-            break
-    time.sleep(2.0)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    assert any(ln.startswith("fleet: wave 1") for ln in seen), "".join(seen)
+    proc = subprocess.Popen(f.cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=f.root,
+                            start_new_session=True)
+    try:  # the kill lands on the event: h1's candidate started (wave 1), not after a guessed sleep
+        deadline = time.monotonic() + 180
+        while not _candidate_runs(f, 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "h1's candidate never ran"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
     killed = f.last_rollout()
     assert killed.outcome == "running"  # type: ignore[attr-defined]
+    rows = {h.host: h.outcome for h in killed.hosts}  # type: ignore[attr-defined]
+    assert (rows["h0"], rows.get("h1", "untouched"), rows.get("h2", "untouched")) == (
+        "promoted", "untouched", "untouched")
     r = f.rollout("good2")
-    assert r.returncode == 0, "".join(seen) + r.stdout + r.stderr
-    assert f"rollout {killed.id} (resumed)" in r.stdout  # type: ignore[attr-defined]
-    assert "already on the candidate, skipped: h0" in r.stdout
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert f"rollout {killed.id} (resumed)" in out  # type: ignore[attr-defined]
+    assert "[h1] converged: broke a stale lock" in out and "put back an interrupted deploy" in out
+    assert "already on the candidate, skipped: h0" in out
     assert f.releases() == ["fleettest-good2"] * 3
     f.assert_all_serving()
     lr = f.last_rollout()
     assert lr.id == killed.id and lr.outcome == "completed"  # type: ignore[attr-defined]
-    assert {h.host: h.outcome for h in lr.hosts} == {  # type: ignore[attr-defined]
-        "h0": "already", "h1": "promoted", "h2": "promoted"}
+    assert {h.host: h.outcome for h in lr.hosts} == dict.fromkeys(["h0", "h1", "h2"], "promoted")  # type: ignore[attr-defined]
+    for i, h in enumerate(f.hosts):  # committed and enabled, nothing left in /run
+        assert h.sh(f"systemctl is-enabled {f.service(i)}").stdout.strip() == "enabled"
+        assert h.sh(f"ls /run/systemd/system.control/ /run/systemd/system/ | grep {f.service(i)}").stdout == ""
     f.assert_status_agrees()
-    docker("ps", check=False)  # nothing else to clean: the module fixture removes the hosts

@@ -85,7 +85,8 @@ def test_mid_run_crash_is_failed_requests_not_a_fast_run(tmp_path: Path) -> None
     assert baseline.verdict == "reference"
     lv = result.levels[0]
     assert result.verdict == "fail"
-    assert lv.failed_requests >= 8
+    # the first failed request decides the level (none may fail): the 2nd run ends there, no 3rd
+    assert lv.failed_requests >= 1 and len(lv.runs) == 2
     assert any("failed requests" in r for r in result.reasons)
     assert result.probe is not None and not result.probe.passed
 
@@ -123,7 +124,8 @@ def test_stall_stream_times_out_as_failed(tmp_path: Path) -> None:
     with sim("--speed", "10", "--fault", "stall-stream") as s:
         result = run_gate(s.url, prof, name="stall")
     lv = result.levels[0]
-    assert lv.failed_requests == 2 and lv.median_output_tok_s == 0.0
+    # both stall; the first to reach its bound decides the level and the other is cancelled
+    assert lv.failed_requests >= 1 and lv.median_output_tok_s == 0.0
     assert result.verdict == "fail"
     assert any("timeout" in e for e in lv.runs[0].errors)
 

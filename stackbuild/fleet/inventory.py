@@ -8,30 +8,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from stackbuild.errors import Finding, InputError, SpecError
 from stackbuild.spec.fleet import Fleet, FleetHost, Inventory
+from stackbuild.spec.kinds import SshTarget
+from stackbuild.spec.load import control_char_findings, read_located
 from stackbuild.spec.stack import Stack
-from stackbuild.spec.yamlpos import YamlProblem, load_located
 
 _KEYS = {"hosts", "fleet", *FleetHost.model_fields, *Fleet.model_fields}
 
 
 def load_inventory(path: Path) -> Inventory:
-    """An inventory YAML file, every problem a file:line:col line (exit 2)."""
+    """An inventory YAML file through the stack specs' boundary (size, UTF-8, YAML, control
+    characters, kinds): every problem a file:line:col line (exit 2), before any host is touched."""
+    loc = read_located(path, str(path), "inventory")
+    problems = control_char_findings(loc.data, loc)
+    seen = {(f.line, f.col) for f in problems}
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read the inventory ({err.strerror}); pass --inventory FILE") from err
-    try:
-        loc = load_located(text, str(path))
-    except YamlProblem as err:
-        raise SpecError([Finding(err.pos.file, err.pos.line, err.pos.col, "error", err.message, err.rule)]) from err
-    try:
-        return Inventory.model_validate(loc.data if isinstance(loc.data, dict) else {"hosts": loc.data})
+        inv = Inventory.model_validate(loc.data if isinstance(loc.data, dict) else {"hosts": loc.data})
     except ValidationError as err:
-        findings = []
         for e in err.errors():
             path_ = tuple(p for p in e["loc"] if isinstance(p, int) or str(p) in _KEYS or str(p).startswith("-"))
             if e["type"] == "extra_forbidden":
@@ -42,8 +38,12 @@ def load_inventory(path: Path) -> Inventory:
                 pos = loc.pos(path_)
                 msg = e["msg"].removeprefix("Value error, ")
             what = ".".join(str(p) for p in path_) or "(top level)"
-            findings.append(Finding(pos.file, pos.line, pos.col, "error", f"{what}: {msg}", "inventory"))
-        raise SpecError(findings) from err
+            if (pos.line, pos.col) not in seen:
+                seen.add((pos.line, pos.col))
+                problems.append(Finding(pos.file, pos.line, pos.col, "error", f"{what}: {msg}", "inventory"))
+    if problems:
+        raise SpecError(sorted(problems, key=lambda f: (f.line, f.col)))
+    return inv
 
 
 def fleet_of(stack: Stack, inventory: Path | None = None) -> tuple[list[FleetHost], Fleet]:
@@ -64,9 +64,19 @@ def select(declared: list[FleetHost], wanted: list[str] | None, where: str) -> l
         _unique(declared, where)
         return declared
     by_name = {h.name: h for h in declared}
-    chosen = [by_name.get(w) or FleetHost.model_construct(name=w, address=w, flags={}) for w in wanted]
+    chosen = [by_name.get(w) or _address_host(w) for w in wanted]
     _unique(chosen, where)
     return chosen
+
+
+def _address_host(word: str) -> FleetHost:
+    """A `--hosts` word that names no declared host: an address, checked as the spec checks one."""
+    try:
+        address = TypeAdapter(SshTarget).validate_python(word)
+    except ValidationError as err:
+        why = err.errors()[0]["msg"].removeprefix("Value error, ")
+        raise InputError(f"--hosts {word!r}: neither a host of the fleet nor an address: {why}") from None
+    return FleetHost.model_construct(name=word, address=address, flags={})  # the row is named as typed
 
 
 def _unique(hosts: list[FleetHost], where: str) -> None:

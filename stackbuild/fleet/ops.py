@@ -1,5 +1,7 @@
 """The real `FleetOps`: each call opens its own SSH connection to one host and goes
-through the single-host code (preflight, ensure_image, run_deploy, converge.rollback).
+through the single-host code (converge.settle, preflight, ensure_image, run_deploy,
+converge.rollback). What a step does on a host's connection is a function of that
+connection (`*_on`), which the unit tests run on the scripted fake hosts.
 
 Hosts run in parallel threads, so nothing here is shared between calls except
 read-only settings and the output lock.
@@ -12,17 +14,83 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
+from stackbuild.effects.readiness import Probe
 from stackbuild.errors import StackbuildError
 from stackbuild.fleet.inventory import host_stack
 from stackbuild.fleet.plan import host_class, spread
 from stackbuild.fleet.rollout import DeployResult, HostView
 from stackbuild.fleet.soak import Sample, parse_counters, soak
 from stackbuild.gate.result import GateResult
-from stackbuild.host.session import RunOptions
-from stackbuild.host.ssh import FabricRemote, connect, parse_host
+from stackbuild.host.outcome import DeployReport
+from stackbuild.host.session import Endpoint, RunOptions
+from stackbuild.host.ssh import FabricRemote, Remote, connect, parse_host
 from stackbuild.host.state import HostPaths
 from stackbuild.spec.fleet import FleetHost
 from stackbuild.spec.stack import Stack
+
+# a killed run's lock is broken by its dead pid; this bounds one whose owner cannot be judged
+LOCK_TTL_S = 4 * 3600.0
+
+
+def paths_of(hs: Stack) -> HostPaths:
+    return HostPaths(hs.host.state_dir, hs.host.service)
+
+
+def preflight_on(r: Remote, hs: Stack, image: str) -> str | None:
+    """The single deploy's preflight, with the same ports (ours may be held by our own incumbent)."""
+    from stackbuild.host import units
+    from stackbuild.host.preflight import run_preflight
+    from stackbuild.host.state import read_state
+
+    paths = paths_of(hs)
+    sbs = hs.host.strategy == "side-by-side"
+    state = read_state(r, paths)
+    active = state.current is not None and units.is_active(r, paths.main_unit)
+    port = hs.runtime.staging_port if sbs else hs.runtime.port
+    ports = {port: not sbs and active} | ({hs.runtime.port: active} if sbs else {})
+    pf = run_preflight(r, hs, image=image, ports=ports, need_free_kib=(1 if hs.runtime.gpus == "none" else 64) * 2**20)
+    return None if pf.ok else "; ".join(f"{c.name}: {c.detail}" for c in pf.failures)
+
+
+def view_on(r: Remote, hs: Stack, image: str) -> HostView:
+    from stackbuild.host.converge import status
+    from stackbuild.render.stack import render_unit
+
+    paths = paths_of(hs)
+    st = status(r, paths)
+    cur = st.state.current
+    want = render_unit(hs, image=image, port=hs.runtime.port, name=hs.host.service)
+    return HostView(
+        on_candidate=bool(cur and cur.image == image and cur.unit == want and st.active),
+        image=cur.image if cur else None,
+        verdict=st.state.last_verdict,
+        pending=st.state.pending is not None,
+        lock=st.lock_owner or None,
+        active=st.active,
+        since=cur.at if cur else None,
+    )
+
+
+def result_of(rep: DeployReport, code: int) -> DeployResult:
+    """A host's deploy as the rollout judges it: outcome, verdict, and the candidate's tok/s per level."""
+    medians: dict[int, float] = {}
+    noise: dict[int, float] = {}
+    if rep.gate_json:
+        g = GateResult.model_validate_json(rep.gate_json)
+        medians = {lv.concurrency: lv.median_output_tok_s for lv in g.levels}
+        noise = {lv.concurrency: spread([r.output_tok_s for r in lv.runs]) for lv in g.levels}
+    return DeployResult(rep.outcome, code, rep.verdict, rep.cause, medians, noise)
+
+
+def sample_on(r: Remote, unit: str, health_status: int | None, probe: Probe, counters: dict[str, float]) -> Sample:
+    """One soak sample: the HTTP side as measured, one generation, the unit's state from systemd."""
+    from stackbuild.host.unit_probe import parse_show
+
+    ok, detail = probe.generate()
+    show = r.run(["systemctl", "show", unit, "-p", "ActiveState", "-p", "SubState", "-p", "NRestarts",
+                  "-p", "Result", "-p", "ExecMainStatus"], check=False, what="unit state", changes=False)
+    st = parse_show(show.stdout)
+    return Sample(health_status, ok, detail, counters, st.active, st.restarts)
 
 
 @dataclass
@@ -39,10 +107,6 @@ class RealOps:
         # the registry channel moves once, when the whole rollout completed (runner.py), not per host
         return hs.model_copy(update={"host": hs.host.model_copy(update={"channel": None})})
 
-    def paths(self, host: str) -> HostPaths:
-        hs = self.stack_of(host)
-        return HostPaths(hs.host.state_dir, hs.host.service)
-
     @contextmanager
     def remote(self, host: str) -> Iterator[FabricRemote]:
         r = connect(parse_host(self.hosts[host].target), self.run.ssh)
@@ -57,45 +121,29 @@ class RealOps:
                 for part in ln.splitlines() or [""]:
                     self.echo(f"[{host}] {part}")
 
-    # --- FleetOps ---------------------------------------------------------------
-    def preflight(self, host: str) -> str | None:
-        from stackbuild.host import units
-        from stackbuild.host.preflight import run_preflight
-        from stackbuild.host.state import read_state
+    def endpoint(self, host: str, r: FabricRemote) -> Endpoint:
+        return Endpoint(r, parse_host(self.hosts[host].target), self.run.tunnel)
 
-        hs, paths = self.stack_of(host), self.paths(host)
-        sbs = hs.host.strategy == "side-by-side"
+    # --- FleetOps ---------------------------------------------------------------
+    def converge(self, host: str) -> str | None:
+        from stackbuild.host import converge
+
+        hs = self.stack_of(host)
+        rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy="converge")
         with self.remote(host) as r:
-            state = read_state(r, paths)
-            active = state.current is not None and units.is_active(r, paths.main_unit)
-            # the same ports a single deploy checks: ours may be held by our own incumbent
-            port = hs.runtime.staging_port if sbs else hs.runtime.port
-            ports = {port: not sbs and active} | ({hs.runtime.port: active} if sbs else {})
-            pf = run_preflight(r, hs, image=self.image, ports=ports,
-                               need_free_kib=(1 if hs.runtime.gpus == "none" else 64) * 2**20)
-        if pf.ok:
-            return None
-        return "; ".join(f"{c.name}: {c.detail}" for c in pf.failures)
+            conv = converge.converger_for(hs, self.endpoint(host, r), rep, self.pull_timeout_s)
+            did = converge.settle(r, paths_of(hs), conv, LOCK_TTL_S)
+        if did != "nothing to converge":
+            self.say(host, [f"converged: {did}"])
+        return None
+
+    def preflight(self, host: str) -> str | None:
+        with self.remote(host) as r:
+            return preflight_on(r, self.stack_of(host), self.image)
 
     def view(self, host: str) -> HostView:
-        from stackbuild.host.converge import status
-        from stackbuild.render.stack import render_unit
-
-        hs, paths = self.stack_of(host), self.paths(host)
         with self.remote(host) as r:
-            st = status(r, paths)
-            lock = r.run(["cat", f"{paths.lock_dir}/owner.json"], check=False, what="read the lock",
-                         changes=False)
-        cur = st.state.current
-        want = render_unit(hs, image=self.image, port=hs.runtime.port, name=hs.host.service)
-        return HostView(
-            on_candidate=bool(cur and cur.image == self.image and cur.unit == want and st.active),
-            image=cur.image if cur else None,
-            verdict=st.state.last_verdict,
-            pending=st.state.pending is not None,
-            lock=lock.stdout.strip() or None if lock.ok else None,
-            active=st.active,
-        )
+            return view_on(r, self.stack_of(host), self.image)
 
     def pull(self, host: str) -> str | None:
         from stackbuild.host import units
@@ -105,7 +153,6 @@ class RealOps:
         return None
 
     def deploy(self, host: str) -> DeployResult:
-        from stackbuild.host.outcome import DeployReport
         from stackbuild.host.session import deploy_args, run_deploy
 
         hs = self.stack_of(host)
@@ -125,33 +172,18 @@ class RealOps:
                 return DeployResult("promoted", 0, None, f"promoted; {lines[-1]}")
             return DeployResult("failed", getattr(err, "exit_code", 4), cause=str(err).splitlines()[0])
         self.say(host, lines)
-        rep = reports[-1]
-        medians: dict[int, float] = {}
-        noise: dict[int, float] = {}
-        if rep.gate_json:
-            g = GateResult.model_validate_json(rep.gate_json)
-            medians = {lv.concurrency: lv.median_output_tok_s for lv in g.levels}
-            noise = {lv.concurrency: spread([r.output_tok_s for r in lv.runs]) for lv in g.levels}
-        return DeployResult(rep.outcome, code, rep.verdict, rep.cause, medians, noise)
+        return result_of(reports[-1], code)
 
     def soak(self, host: str, seconds: float, interval_s: float) -> str | None:
         from stackbuild.effects import http
         from stackbuild.effects.readiness import HttpProbe
-        from stackbuild.host.session import Endpoint
-        from stackbuild.host.unit_probe import parse_show
 
-        hs, paths = self.stack_of(host), self.paths(host)
-        with self.remote(host) as r, Endpoint(r, parse_host(self.hosts[host].target), self.run.tunnel)(
-                hs.runtime.port) as url:
+        hs = self.stack_of(host)
+        with self.remote(host) as r, self.endpoint(host, r)(hs.runtime.port) as url:
 
             def sample() -> Sample:
                 status = http.status(f"{url}/health_generate", timeout=20.0)
-                ok, detail = HttpProbe(url).generate()
-                show = r.run(["systemctl", "show", paths.main_unit, "-p", "ActiveState", "-p", "SubState",
-                              "-p", "NRestarts", "-p", "Result", "-p", "ExecMainStatus"],
-                             check=False, what="unit state", changes=False)
-                unit = parse_show(show.stdout)
-                return Sample(status, ok, detail, _metrics(url), unit.active, unit.restarts)
+                return sample_on(r, hs.host.service + ".service", status, HttpProbe(url), _metrics(url))
 
             res = soak(sample, seconds, interval_s)
         self.say(host, [f"soak: {'held' if res.ok else 'REGRESSED'}: {res.detail}"])
@@ -159,15 +191,12 @@ class RealOps:
 
     def revert(self, host: str) -> str | None:
         from stackbuild.host import converge
-        from stackbuild.host.outcome import DeployReport
-        from stackbuild.host.session import Endpoint
 
-        hs, paths = self.stack_of(host), self.paths(host)
+        hs = self.stack_of(host)
         rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy="rollback")
         with self.remote(host) as r:
-            conv = converge.converger_for(hs, Endpoint(r, parse_host(self.hosts[host].target), self.run.tunnel),
-                                          rep, self.pull_timeout_s)
-            converge.rollback(r, paths, conv, lock_ttl_s=4 * 3600)
+            conv = converge.converger_for(hs, self.endpoint(host, r), rep, self.pull_timeout_s)
+            converge.rollback(r, paths_of(hs), conv, lock_ttl_s=LOCK_TTL_S)
         self.say(host, ["reverted to the incumbent: " + (rep.cause or rep.outcome)])
         return None
 

@@ -44,15 +44,19 @@ class RolloutRecord:
 
 def start_rollout(led: Ledger, *, id: str, stack: str, image: str, digest: str, policy: str,
                   plan: list[list[str]]) -> None:
-    """Insert a rollout, or mark a resumed one running again (same id)."""
+    """Insert a rollout, or mark a resumed one running again (same id) under `plan`."""
     with led._write() as db:
         db.execute(
             "INSERT INTO rollouts (id, started_at, stack, image, digest, policy, plan_json, outcome, updated_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?)"
             " ON CONFLICT(id) DO UPDATE SET outcome = 'running', finished_at = NULL, policy = excluded.policy,"
-            " updated_at = excluded.updated_at",
+            " plan_json = excluded.plan_json, updated_at = excluded.updated_at",
             (id, _now(), stack, redact_text(image), digest, policy, json.dumps(plan), _now()),
         )
+        # resumed with another plan (an inventory edited in between): rows of hosts it no longer has go
+        keep = sorted({redact_text(h) for wave in plan for h in wave})
+        db.execute(f"DELETE FROM rollout_hosts WHERE rollout_id = ? AND host NOT IN ({', '.join('?' * len(keep))})",
+                   (id, *keep))
 
 
 def record_host(led: Ledger, rollout_id: str, *, host: str, wave: int, outcome: str, verdict: str | None,

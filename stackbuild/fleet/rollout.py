@@ -1,17 +1,24 @@
 """Run a rollout plan against the hosts through `FleetOps` (real: ops.py; tests: a fake).
 
-Order: preflight every host (one failure refuses the rollout, nothing changed),
-read where each host stands (hosts already on the candidate are skipped: a
-re-run resumes), pull everywhere (bounded), then wave by wave: deploy the wave's
-hosts in parallel, collect every result, flag outliers against the canary, soak,
+Order: converge every host (what a killed run left there, its lock, pending marker and
+candidate, is put back first), preflight every host (one failure refuses the rollout,
+nothing deployed), read where each host stands (hosts already on the candidate are
+skipped: a re-run resumes), pull everywhere (bounded), then wave by wave: deploy the
+wave's hosts in parallel, collect every result, flag outliers against the canary, soak,
 and decide for the whole wave.
+
+A resumed rollout (`Prior`: the same rollout id, re-run) starts from the rows it recorded;
+a host this rollout promoted before it was killed counts as promoted, and one whose wave
+never settled (killed while deploying the wave's other hosts or soaking it) is soaked and
+decided with its wave again rather than skipped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Protocol, TypeVar
 
 from stackbuild.errors import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK
@@ -28,6 +35,7 @@ class HostView:
     pending: bool = False
     lock: str | None = None
     active: bool = False
+    since: str | None = None  # when its current release was promoted (ISO 8601, the deploying client's clock)
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class DeployResult:
 
 
 class FleetOps(Protocol):
+    def converge(self, host: str) -> str | None: ...  # what a killed run left, put back; None: done
     def preflight(self, host: str) -> str | None: ...  # None: ready; else why not
     def view(self, host: str) -> HostView: ...
     def pull(self, host: str) -> str | None: ...
@@ -74,6 +83,24 @@ class Settings:
     soak_interval_s: float = 1.0
     pull_parallel: int = 4
     outlier_tolerance: float = 0.1
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The rollout being resumed: when it started and the rows it recorded."""
+
+    started_at: datetime
+    rows: Mapping[str, HostRow]
+
+    def promoted_it(self, since: str | None) -> bool:
+        """Was a release promoted at `since` promoted by this rollout (after it started)?"""
+        if not since:
+            return False
+        try:
+            at = datetime.fromisoformat(since)
+        except ValueError:
+            return False
+        return at >= self.started_at.replace(microsecond=0)  # the state's times are whole seconds
 
 
 @dataclass
@@ -116,11 +143,16 @@ def run_rollout(
     rec: Recorder,
     echo: Callable[[str], None] = print,
     reference: Mapping[int, float] | None = None,
+    prior: Prior | None = None,
 ) -> RolloutResult:
     res = RolloutResult()
     for i, wave in enumerate(waves):
         for h in wave:
-            res.rows[h] = HostRow(h, i)
+            # a resumed rollout keeps the hosts it promoted; the rest start over
+            old = prior.rows.get(h) if prior else None
+            res.rows[h] = replace(old, wave=i) if old and old.outcome in (PASSED, "already") else HostRow(h, i)
+            if prior is not None:
+                rec.host(res.rows[h])
     everyone = [h for w in waves for h in w]
 
     def stop(outcome: str, code: int, cause: str) -> RolloutResult:
@@ -138,22 +170,35 @@ def run_rollout(
             res.rows[h].outcome, res.rows[h].detail = "refused", f"{step}: {why}"
         return ", ".join(sorted(bad))
 
+    echo(f"fleet: converging {len(everyone)} host(s): what an interrupted run left is put back first")
+    if names := refused("converge", each(everyone, ops.converge, settings.pull_parallel)):
+        return stop("refused", EXIT_INFRA, f"cannot converge {names}; nothing was deployed")
     echo(f"fleet: preflight of {len(everyone)} host(s)")
     if names := refused("preflight", each(everyone, ops.preflight, settings.pull_parallel)):
         return stop("refused", EXIT_INFRA, f"preflight failed on {names}; no host was changed")
 
     views = each(everyone, ops.view, settings.pull_parallel)
-    done = set()
+    done, unsettled = set(), set()
     for h, v in views.items():
+        row = res.rows[h]
         if isinstance(v, Exception):
-            res.rows[h].outcome, res.rows[h].detail = "refused", f"state: {_why(v)}"
+            row.outcome, row.detail = "refused", f"state: {_why(v)}"
             return stop("refused", EXIT_INFRA, f"cannot read the state of {h}; no host was changed")
-        if v.on_candidate and not v.pending:
+        if not v.on_candidate or v.pending:
+            continue
+        if row.outcome == PASSED:  # promoted by this rollout, its wave decided: nothing left to do
             done.add(h)
-            res.rows[h].outcome, res.rows[h].verdict = "already", v.verdict
-            res.rows[h].detail = "already runs the candidate"
+        elif prior is not None and prior.promoted_it(v.since):  # promoted by it, its wave not decided
+            unsettled.add(h)
+            row.outcome, row.verdict, row.detail = PASSED, v.verdict, "promoted before the rollout was interrupted"
+        else:
+            done.add(h)
+            row.outcome, row.verdict, row.detail = "already", v.verdict, "already runs the candidate"
     if done:
         echo(f"fleet: already on the candidate, skipped: {', '.join(h for h in everyone if h in done)}")
+    if unsettled:
+        echo(f"fleet: promoted before the interruption, soaked and decided with their wave: "
+             f"{', '.join(h for h in everyone if h in unsettled)}")
 
     todo = [h for h in everyone if h not in done]
     echo(f"fleet: pulling the candidate on {len(todo)} host(s), {settings.pull_parallel} at a time")
@@ -166,8 +211,8 @@ def run_rollout(
     for i, hosts in remaining(waves, done):
         label = "canary" if i == 0 else f"wave {i}"
         echo(f"\nfleet: {label}: {', '.join(hosts)}")
-        results = each(hosts, ops.deploy, len(hosts))
-        outcomes: dict[str, str] = {}
+        results = each([h for h in hosts if h not in unsettled], ops.deploy, len(hosts))
+        outcomes: dict[str, str] = {h: PASSED for h in hosts if h in unsettled}
         for h, r in results.items():
             row = res.rows[h]
             if isinstance(r, Exception):

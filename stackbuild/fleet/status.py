@@ -28,6 +28,7 @@ class HostStatusRow:
     pending: str | None
     lock: str | None
     error: str | None = None
+    enabled: str = ""  # systemd's UnitFileState of the main unit: "enabled" starts it on boot
 
     @property
     def digest(self) -> str | None:
@@ -60,7 +61,7 @@ def read_fleet(stack: Stack, ssh: SshOptions, hosts: list[str] | None, inventory
             release=(f"{cur.stack}-{cur.variant}" if cur.variant else cur.stack) if cur else None,
             verdict=st.state.last_verdict,
             pending=f"{st.state.pending.op} of {st.state.pending.image}" if st.state.pending else None,
-            lock=holder)
+            lock=holder, enabled=st.enabled)
 
     got = each([h.name for h in chosen], one, 8)
     rows = []
@@ -74,14 +75,16 @@ def read_fleet(stack: Stack, ssh: SshOptions, hosts: list[str] | None, inventory
 
 
 def render(rows: list[HostStatusRow], last_rollout: RolloutRecord | None) -> str:
-    out = ["| host | service | active | release | digest | last verdict | pending | lock |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| host | service | active | on boot | release | digest | last verdict | pending | lock |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.error:
-            out.append(f"| {r.host} | - | UNREACHABLE | | | | | {r.error[:80]} |")
+            out.append(f"| {r.host} | - | UNREACHABLE | | | | | | {r.error[:80]} |")
             continue
-        out.append(f"| {r.host} | {r.service} | {'active' if r.active else 'NOT active'} | {r.release or 'none'} | "
-                   f"{(r.digest or '')[:19]} | {r.verdict or ''} | {r.pending or ''} | {r.lock or ''} |")
+        boot = "starts" if r.enabled == "enabled" else f"NOT started ({r.enabled or 'no unit'})"
+        out.append(f"| {r.host} | {r.service} | {'active' if r.active else 'NOT active'} | {boot} | "
+                   f"{r.release or 'none'} | {(r.digest or '')[:19]} | {r.verdict or ''} | {r.pending or ''} | "
+                   f"{r.lock or ''} |")
     if last_rollout is not None:
         lr = last_rollout
         out.append(f"\nlast rollout {lr.id} of {lr.stack} ({lr.digest[:19]}): {lr.outcome}, on_failure={lr.policy}"

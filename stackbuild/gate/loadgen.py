@@ -4,6 +4,11 @@ A run at concurrency C sends max(C * requests_per_slot, min_requests) requests t
 (each sends its next request when its last one finished) and measures from the
 first send to the last byte. Token counts come from the server's usage /
 meta_info and are cross-checked against what was streamed.
+
+A run given `fail_after` ends as soon as more requests than that failed: the gate fails a
+level on its failed requests whatever else it measures, so once they are past what the
+profile allows the rest of the run cannot change the verdict, and a stalled server costs
+one stall bound instead of one per request.
 """
 
 from __future__ import annotations
@@ -217,26 +222,45 @@ async def run_requests(
     prompts: list[list[int]],
     *,
     on_done: Callable[[RequestRecord], None] | None = None,
+    fail_after: int | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """Send `prompts` through `concurrency` closed-loop workers; (records, wall seconds)."""
+    """Send `prompts` through `concurrency` closed-loop workers; (records, wall seconds).
+
+    With `fail_after`, the run stops once more requests than that failed: the requests still in
+    flight are cancelled (not recorded) and nothing more is sent.
+    """
     records: list[RequestRecord] = []
     it = iter(prompts)
+    decided = asyncio.Event()
 
     async with new_session(concurrency) as session:
 
         async def worker() -> None:
             for ids in it:
+                if decided.is_set():
+                    return
                 rec = await stream_request(session, url, wl, ids)
                 records.append(rec)
                 if on_done:
                     on_done(rec)
+                if fail_after is not None and not rec.ok and sum(not r.ok for r in records) > fail_after:
+                    decided.set()
 
         workers = min(concurrency, len(prompts))
         # Open the workers' connections before the clock starts: at C=256 connecting took
         # ~0.07 s before the server saw a request, ~1% of the window charged to the server.
         await asyncio.gather(*(_preconnect(session, url) for _ in range(workers)))
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(workers)))
+        load: asyncio.Future[Any] = asyncio.gather(*(worker() for _ in range(workers)))
+        stop: asyncio.Future[Any] = asyncio.ensure_future(decided.wait())
+        try:
+            await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not load.done():  # decided (or this task cancelled): the rest cannot change the verdict
+                load.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await load
         t1 = max((r.end for r in records), default=t0)
     return records, max(t1 - t0, 0.0)
 
@@ -248,10 +272,11 @@ async def run_once(
     index: int,
     *,
     on_done: Callable[[RequestRecord], None] | None = None,
+    fail_after: int | None = None,
 ) -> RunMetrics:
     n = requests_per_run(wl, concurrency)
     prompts = [prompt_ids(wl, concurrency, index, i) for i in range(n)]
-    records, duration = await run_requests(url, wl, concurrency, prompts, on_done=on_done)
+    records, duration = await run_requests(url, wl, concurrency, prompts, on_done=on_done, fail_after=fail_after)
     return summarize(records, concurrency, index, duration)
 
 

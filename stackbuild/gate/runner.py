@@ -187,7 +187,7 @@ def _check_baseline(baseline: GateResult, wl: Workload) -> None:
 
 
 async def _measure(url: str, wl: Workload, c: int, index: int, side: str,
-                   progress: Progress) -> RunMetrics:
+                   progress: Progress, fail_after: int | None = None) -> RunMetrics:
     done = 0
 
     def tick(rec: loadgen.RequestRecord) -> None:
@@ -196,7 +196,7 @@ async def _measure(url: str, wl: Workload, c: int, index: int, side: str,
         progress("request", {"side": side, "concurrency": c, "index": index, "done": done,
                              "total": loadgen.requests_per_run(wl, c), "ok": rec.ok})
 
-    run = await loadgen.run_once(url, wl, c, index, on_done=tick)
+    run = await loadgen.run_once(url, wl, c, index, on_done=tick, fail_after=fail_after)
     progress("run", {"side": side, "concurrency": c, "index": index, "metrics": run})
     return run
 
@@ -212,11 +212,15 @@ async def _run_level(
     cand = [] if cand is None else cand
     inc_runs: list[RunMetrics] = []
     target = wl.runs
+    # failed requests past what the profile allows fail the level (judge_level): the first one
+    # decides it, so the candidate's run stops there and no more runs are measured
+    allowed = profile.max_failed_requests
     while True:
-        while len(cand) < target:
+        while len(cand) < target and sum(r.failed for r in cand) <= allowed:
             if inc_url:
                 inc_runs.append(await _measure(inc_url, wl, c, len(inc_runs), "incumbent", emit))
-            cand.append(await _measure(url, wl, c, len(cand), "candidate", emit))
+            cand.append(await _measure(url, wl, c, len(cand), "candidate", emit,
+                                       fail_after=allowed - sum(r.failed for r in cand)))
         incumbent = ([r.output_tok_s for r in inc_runs] if inc_url else
                      [r.output_tok_s for r in stored.runs] if stored else None)
         final = target >= wl.max_runs

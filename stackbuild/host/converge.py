@@ -28,6 +28,7 @@ from stackbuild.host.state import (
     me,
     now_iso,
     read_state,
+    render_state,
     write_state,
 )
 from stackbuild.host.unit_probe import UnitProbe
@@ -79,29 +80,36 @@ def converger_for(
 
 def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converger) -> HostState:
     rep = conv.report
+    staged: str | None = None
     with rep.step("restore") as st:
-        units.remove(remote, paths.candidate_unit, paths.unit_path(paths.candidate_unit))
+        units.remove(remote, paths.candidate_unit, *paths.candidate_paths)
+        units.remove(remote, paths.switch_unit, *paths.switch_paths)  # a switch whose client died
         # before the incumbent (re)starts: it reads the file it ran with, not the candidate's values
         secrets.restore(remote, paths)
         cur = state.current
         if cur is None:
             conv.outage_end()
-            units.remove(remote, paths.main_unit, paths.unit_path(paths.main_unit))
+            units.remove(remote, paths.main_unit, paths.override_path, paths.main_path)
             st.detail = "no incumbent: candidate removed, nothing else was running"
         else:
-            installed = units.installed_text(remote, paths.unit_path(paths.main_unit))
-            if installed != cur.unit or not units.is_active(remote, paths.main_unit):
+            boot = units.boot_facts(remote, paths.main_unit)
+            installed = units.installed_text(remote, paths.main_path)
+            if installed == cur.unit and boot.fragment == paths.main_path and boot.active == "active":
+                st.detail = f"{paths.main_unit} already runs {cur.image}"
+                if boot.enabled != "enabled":
+                    units.enable(remote, paths.main_unit)
+                    st.detail += f"; enabled it (it was {boot.enabled or 'not enabled'}: no start on boot)"
+            else:
+                # runs from the /run override until verified and committed, as a candidate does
                 conv.outage_begin()
                 units.stop(remote, paths.main_unit)
                 units.ensure_image(remote, cur.image, conv.pull_timeout_s)
                 staged = f"{paths.staging_dir}/{paths.main_unit}"
                 remote.run(["mkdir", "-p", paths.staging_dir], what="create the staging dir")
                 remote.put_text(cur.unit, staged)
-                units.install(remote, staged, paths.unit_path(paths.main_unit))
+                units.install(remote, staged, paths.override_path)
                 units.start(remote, paths.main_unit)
                 st.detail = f"reinstalled and started {cur.image}"
-            else:
-                st.detail = f"{paths.main_unit} already runs {cur.image}"
     if cur is not None and not remote.dry_run:
         with rep.step("verify serving") as st, conv.endpoint(cur.port) as url:
             ready = wait_ready(
@@ -118,8 +126,38 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
                 )
         conv.outage_end()
     restored = state.model_copy(update={"pending": None})
-    write_state(remote, paths, restored)
+    if staged is not None:
+        commit(remote, paths, restored, staged)
+    else:
+        write_state(remote, paths, restored)
     return restored
+
+
+def commit(remote: Remote, paths: HostPaths, state: HostState, staged_unit: str) -> None:
+    """`state` becomes the host's and its current release (`staged_unit`) the enabled main unit, in one
+    host-side command (units.COMMIT_SCRIPT): the unit first, the state last, so a host that loses
+    power in between still has the pending marker that makes the next run converge it. The
+    transaction's secrets files go with it: the operator's file now holds what runs."""
+    staged_state = f"{paths.staging_dir}/state.json"
+    remote.put_text(render_state(state), staged_state)
+    units.commit(remote, paths.main_unit, (staged_unit, paths.main_path, paths.override_path),
+                 (staged_state, paths.state_file), secrets.transaction_files(paths))
+
+
+def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float) -> str:
+    """Before a rollout touches the host: what an interrupted run left there (its stale lock, its
+    pending marker and the candidate it was running, a switch unit, the main unit's override) is
+    put back to the committed state, as a single deploy does first. Returns what was done."""
+    with HostLock(remote, paths, me("converge before a rollout"), lock_ttl_s) as lock:
+        state = read_state(remote, paths)
+        done = [f"broke a stale lock ({lock.broke.what})"] if lock.broke else []
+        if state.pending is not None:
+            to_current(remote, paths, state, conv)
+            done.append(f"put back an interrupted {state.pending.op} of {state.pending.image}")
+        elif left := units.existing(remote, *paths.candidate_paths, *paths.switch_paths, paths.override_path):
+            to_current(remote, paths, state, conv)
+            done.append(f"removed what an interrupted run left: {', '.join(left)}")
+    return "; ".join(done) or "nothing to converge"
 
 
 def rollback(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float) -> HostState:
@@ -170,10 +208,18 @@ class HostStatus:
     active: bool
     running_image: str | None
     lock_owner: str | None = None  # the host lock's owner.json, when a lock is held
+    enabled: str = ""  # systemd's UnitFileState of the main unit: "enabled" starts it on boot
+    under_test: bool = False  # the main unit runs from its /run override: a release not committed
+
+    @property
+    def boot(self) -> str:
+        if self.enabled == "enabled":
+            return "enabled (starts on boot)"
+        return f"{self.enabled or 'no unit file'}: does NOT start on boot"
 
     def render(self, address: str) -> str:
         s = self.state
-        lines = [f"{address} {s.service}: {'active' if self.active else 'NOT active'}"]
+        lines = [f"{address} {s.service}: {'active' if self.active else 'NOT active'}, {self.boot}"]
         if s.current:
             lines.append(
                 f"  current:  {s.current.image} ({s.current.stack}"
@@ -185,7 +231,8 @@ class HostStatus:
         if s.previous:
             lines.append(f"  previous: {s.previous.image} (since {s.previous.at})")
         if self.running_image:
-            lines.append(f"  container runs image {self.running_image}")
+            lines.append(f"  container runs image {self.running_image}"
+                         + (" (a release under test, not committed)" if self.under_test else ""))
         if s.last_verdict:
             lines.append(
                 f"  last deploy: {s.last_verdict} of {s.last_image} at {s.last_at}"
@@ -205,7 +252,7 @@ class HostStatus:
 
 def status(remote: Remote, paths: HostPaths) -> HostStatus:
     state = read_state(remote, paths)
-    active = units.is_active(remote, paths.main_unit)
+    boot = units.boot_facts(remote, paths.main_unit)
     img = remote.run(
         ["docker", "inspect", "--format", "{{.Config.Image}}", paths.service],
         check=False,
@@ -218,4 +265,5 @@ def status(remote: Remote, paths: HostPaths) -> HostStatus:
         what="read the host lock",
         changes=False,
     )
-    return HostStatus(state, active, img.stdout.strip() if img.ok else None, lock.stdout.strip() if lock.ok else None)
+    return HostStatus(state, boot.active == "active", img.stdout.strip() if img.ok else None,
+                      lock.stdout.strip() if lock.ok else None, boot.enabled, boot.fragment == paths.override_path)

@@ -203,7 +203,7 @@ def _run_candidate(
         if not sbs and incumbent_active:
             conv.outage_begin()
             units.stop(remote, paths.main_unit)
-        units.install(remote, staged, paths.unit_path(unit))
+        units.install(remote, staged, _runs_from(paths, sbs))  # from /run: a reboot brings back the incumbent
         units.start(remote, unit)
         st.detail = f"{unit} on port {port}"
     ready = _readiness(remote, svc, unit, port, stack, rep)
@@ -243,9 +243,8 @@ def _run_candidate(
                 secrets.stage(remote, paths, stack.runtime.secrets, req.secrets, target=secrets.env_file(paths.service))
             if incumbent_active:
                 conv.outage_begin()
-            args = [paths.candidate_unit, paths.unit_path(paths.candidate_unit), paths.main_unit, main_staged]
-            args.append(paths.unit_path(paths.main_unit))
-            units.switch(remote, paths.staging_dir, paths.unit_dir, paths.service, args)
+            args = [paths.candidate_unit, _runs_from(paths, True), paths.main_unit, main_staged, paths.override_path]
+            units.switch(remote, paths, args)
             text = main_text
             st.detail = f"{paths.main_unit} now runs the candidate on {stack.runtime.port}"
         ready = _readiness(remote, svc, paths.main_unit, stack.runtime.port, stack, rep)
@@ -284,9 +283,8 @@ def _run_candidate(
         )
         remote.run(["mkdir", "-p", f"{paths.base}/results"], what="create results dir")
         remote.put_text(result.model_dump_json(), paths.result_file(release.key))
-        write_state(remote, paths, new_state)
-        secrets.commit(remote, paths)
-        st.detail = "host state committed"
+        converge.commit(remote, paths, new_state, f"{paths.staging_dir}/{paths.main_unit}")
+        st.detail = f"host state committed; {paths.main_unit} enabled (starts on boot)"
     # Committed on the host: from here nothing undoes the promotion. A channel that will not
     # move is reported stale (exit 4), never rolled back.
     if svc.promote_channel and stack.host.channel:
@@ -295,6 +293,11 @@ def _run_candidate(
             rep.finish("promoted", stale, EXIT_INFRA)
             return
     rep.finish("promoted")
+
+
+def _runs_from(paths: HostPaths, candidate_unit: bool) -> str:
+    """Where a release under test runs from: the candidate unit, or the main unit's override (both in /run)."""
+    return paths.candidate_paths[0] if candidate_unit else paths.override_path
 
 
 def _move_channel(svc: Services, image: str, channel: str, rep: DeployReport) -> str | None:
@@ -391,7 +394,7 @@ def _dry_plan(
     svc.echo(f"would mark the deploy pending in {paths.state_file}")
     if req.strategy == "swap" and units.is_active(remote, paths.main_unit):
         svc.echo(f"would stop the incumbent {paths.main_unit}")
-    units.install(remote, staged, paths.unit_path(unit))
+    units.install(remote, staged, _runs_from(paths, req.strategy == "side-by-side"))
     units.start(remote, unit)
     svc.echo(f"would wait for {unit}: port, /health 200, one generation")
     svc.echo(f"would gate it with profile {req.profile.description or 'default'}")

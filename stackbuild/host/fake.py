@@ -7,7 +7,7 @@ failure rather than a silent pass. Each script's effect on files, units and
 images is the real script's, step by step.
 
 Layers: fake_base.py (files, clock, the `Remote` plumbing), fake_systemd.py
-(units, docker, the servers and their HTTP), this module (the host lock, the
+(units, docker; `reboot()`), fake_server.py (the servers and their HTTP), this module (the host lock, the
 state file, the secrets files, preflight's reads). Tests script failures per
 command with `fail_when`, a dropped connection with `drop_on`/`drop_when`, and
 how each image's server behaves with `servers` (see `Behaviour`).
@@ -18,21 +18,20 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from stackbuild.host.fake_base import FakeRemote, Scripted, UnknownCommand
-from stackbuild.host.fake_systemd import (
+from stackbuild.host.fake_base import Client, FakeRemote, Killed, Scripted, UnknownCommand
+from stackbuild.host.fake_server import (
     FAILS_FIRST_GENERATION,
     NEVER_LISTENS,
     SERVES,
     UNHEALTHY,
     Behaviour,
     FakeHttp,
-    FakeSystemd,
     Proc,
-    SysUnit,
     crashes,
 )
+from stackbuild.host.fake_systemd import FakeSystemd, SysUnit
 from stackbuild.host.preflight import NVIDIA_SMI_QUERY
-from stackbuild.host.secrets import BACKUP_SCRIPT, COMMIT_SCRIPT, RESTORE_SCRIPT
+from stackbuild.host.secrets import BACKUP_SCRIPT, RESTORE_SCRIPT
 from stackbuild.host.ssh import RemoteResult
 from stackbuild.host.state import ACQUIRE_SCRIPT, BREAK_SCRIPT, LOCK_AGE_SCRIPT, RELEASE_SCRIPT
 
@@ -42,9 +41,11 @@ __all__ = [
     "SERVES",
     "UNHEALTHY",
     "Behaviour",
+    "Client",
     "FakeHost",
     "FakeHttp",
     "FakeRemote",
+    "Killed",
     "Proc",
     "Scripted",
     "SysUnit",
@@ -142,7 +143,7 @@ class FakeHost(FakeSystemd):
             (lock,) = p
             return self._ok(cmd, self.files.get(f"{lock}/owner.json", "")) if lock in self.dirs else \
                 RemoteResult(cmd, 1, "", "")
-        if script in (BACKUP_SCRIPT, RESTORE_SCRIPT, COMMIT_SCRIPT):
+        if script in (BACKUP_SCRIPT, RESTORE_SCRIPT):
             return self._secrets(script, p, cmd)
         if script == CDI_SCRIPT:
             return self._ok(cmd, "nvidia.yaml\n") if self.cdi_nvidia else RemoteResult(cmd, 1, "", "")
@@ -154,7 +155,7 @@ class FakeHost(FakeSystemd):
         return super()._script(script, p, cmd)
 
     def _secrets(self, script: str, p: list[str], cmd: str) -> RemoteResult:
-        """secrets.py's three scripts, as the shell runs them."""
+        """secrets.py's two scripts, as the shell runs them."""
         if script == BACKUP_SCRIPT:
             op, bak = p
             if bak in self.files or f"{bak}.absent" in self.files:
@@ -167,14 +168,10 @@ class FakeHost(FakeSystemd):
                 self.files[f"{bak}.absent"] = ""
                 self.modes[f"{bak}.absent"] = 0o644
             return self._ok(cmd)
-        if script == RESTORE_SCRIPT:
-            op, bak, cand = p
-            if bak in self.files:
-                self._move(bak, op)
-            elif f"{bak}.absent" in self.files:
-                self._rm(op, f"{bak}.absent")
-            self._rm(cand)
-            return self._ok(cmd)
-        bak, cand = p  # COMMIT_SCRIPT
-        self._rm(bak, f"{bak}.absent", cand)
+        op, bak, cand = p  # RESTORE_SCRIPT
+        if bak in self.files:
+            self._move(bak, op)
+        elif f"{bak}.absent" in self.files:
+            self._rm(op, f"{bak}.absent")
+        self._rm(cand)
         return self._ok(cmd)

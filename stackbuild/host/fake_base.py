@@ -28,6 +28,29 @@ class UnknownCommand(AssertionError):
     """The fake was sent a command it does not model: extend the fake, do not skip it."""
 
 
+class Killed(BaseException):
+    """The stackbuild process driving the fake host was SIGKILLed: nothing after this runs, no
+    `finally` or `except Exception` of the flow gets a word in (it is not an Exception)."""
+
+
+@dataclass
+class Client:
+    """The stackbuild process sending a fake host (or a fleet's fake hosts, sharing one) its commands.
+
+    `die_before(address, argv)` true: the process dies before sending that command; `die_after`:
+    the host ran it, the process died waiting for the answer. A dead client sends nothing more;
+    the next run is a new Client.
+    """
+
+    dead: bool = False
+    die_before: Callable[[str, list[str]], bool] | None = None
+    die_after: Callable[[str, list[str]], bool] | None = None
+
+    def kill(self, where: str) -> Killed:
+        self.dead = True
+        return Killed(where)
+
+
 @dataclass
 class Scripted:
     match: Callable[[list[str]], bool]
@@ -54,6 +77,7 @@ class FakeRemote:
     drop_at: int | None = None  # 1-based index of the command on which the connection dies
     closed: bool = False
     connections: int = 1
+    client: Client = field(default_factory=Client)
 
     # -- time --------------------------------------------------------------------------------
     def clock(self) -> float:
@@ -91,22 +115,33 @@ class FakeRemote:
             what: str = "", changes: bool = True) -> RemoteResult:
         args = [str(a) for a in argv]
         cmd = quote_argv(args)
+        self._die_if_due(args, self.client.die_before)
         self.commands.append(args)
         self._lose_connection_if_due(what or cmd, cmd)
         self._tick()
         res = self._scripted(args, cmd) or self._interpret(args, cmd)
+        self._die_if_due(args, self.client.die_after)
         if check and not res.ok:
             raise InfraError(f"{what or 'command'} failed on {self.address}", command=cmd,
                              returncode=res.returncode, output=res.stdout + res.stderr)
         return res
 
     def put_text(self, text: str, path: str, *, mode: int = 0o644, secret: bool = False) -> None:
-        self.commands.append(["<put>", path, f"{mode:04o}"])
+        args = ["<put>", path, f"{mode:04o}"]
+        self._die_if_due(args, self.client.die_before)
+        self.commands.append(args)
         self._lose_connection_if_due(f"putting {path}", "")
         if posixpath.dirname(path) not in self.dirs:
             raise InfraError(f"put {path}: no such directory on {self.address}")
         self.files[path] = text
         self.modes[path] = mode
+        self._die_if_due(args, self.client.die_after)
+
+    def _die_if_due(self, args: list[str], when: Callable[[str, list[str]], bool] | None) -> None:
+        if self.client.dead:
+            raise Killed(f"{self.address}: the client is dead")
+        if when is not None and when(self.address, args):
+            raise self.client.kill(f"{self.address}: killed at {args}")
 
     def close(self) -> None:
         self.closed = True

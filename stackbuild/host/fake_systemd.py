@@ -1,68 +1,46 @@
-"""systemd, docker and the servers of the scripted in-memory host (see fake.py).
+"""systemd and docker of the scripted in-memory host (see fake.py).
 
-A unit started here is read back from the unit file the flow installed: its ExecStart
-(`docker run ... IMAGE ... --port N`) says which image runs, under which container name,
-on which port, and its EnvironmentFile which secrets it gets. What the server then does
-is the image's `Behaviour`, in the host's clock: when it listens, whether /health answers
-200, whether generations fail, when it crashes and what it prints. `http_probe(url)`
-answers from that state, as the server on that port would.
+A unit started here is read back from the unit file systemd found first on its search path
+(/run/systemd/system.control, then /etc/systemd/system, then /run/systemd/system) at the
+last daemon-reload: its ExecStart (`docker run ... IMAGE ... --port N`) says which image
+runs, under which container name, on which port, and its EnvironmentFile which secrets it
+gets. What the server then does is the image's `Behaviour` (fake_server.py), in the host's
+clock. `enable` links the unit file found first, as systemctl does; `reboot()` empties /run,
+kills every server and starts the enabled units, as a power cycle does.
 """
 
 from __future__ import annotations
 
-import json
 import posixpath
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from stackbuild.host.fake_base import FakeRemote, UnknownCommand
+from stackbuild.host.fake_server import Behaviour, FakeHttp, Proc
 from stackbuild.host.ssh import RemoteResult
 from stackbuild.host.unit_probe import POLL_SCRIPT
-from stackbuild.host.units import INSTALL_SCRIPT, LOGS_SCRIPT, REMOVE_SCRIPT, SWITCH_SCRIPT, image_id_argv
+from stackbuild.host.units import (
+    COMMIT_SCRIPT,
+    EXISTING_SCRIPT,
+    INSTALL_SCRIPT,
+    LOGS_SCRIPT,
+    REMOVE_SCRIPT,
+    SWITCH_SCRIPT,
+    image_id_argv,
+)
 
-
-@dataclass(frozen=True)
-class Behaviour:
-    """How a server from one image behaves once its unit starts (seconds on the host's clock)."""
-
-    listens_after_s: float | None = 2.0  # None: never listens (loads forever)
-    crash_after_s: float | None = None  # the process exits this long after its start...
-    crash_log: tuple[str, ...] = ()  # ...printing these lines
-    healthy: bool = True  # False: /health answers 503 forever
-    failing_generations: int = 0  # the first N generations answer HTTP 500
-    generation_error: str = "CUDA error: an illegal memory access was encountered"
-    output: tuple[str, ...] = ("server: loading weights",)
-    kernel_error: str | None = None  # the deploy's kernel import check fails with this (GPU stacks)
-
-
-SERVES = Behaviour()
-NEVER_LISTENS = Behaviour(listens_after_s=None)
-UNHEALTHY = Behaviour(healthy=False)
-FAILS_FIRST_GENERATION = Behaviour(failing_generations=1)
-
-
-def crashes(*log: str, after_s: float = 0.0) -> Behaviour:
-    return Behaviour(crash_after_s=after_s, crash_log=log)
-
-
-@dataclass
-class Proc:
-    """A server process a unit runs (its container)."""
-
-    image: str
-    container: str
-    port: int
-    env: dict[str, str]
-    started_at: float
-    behaviour: Behaviour
-    generations: int = 0
-    logs: list[tuple[float, str]] = field(default_factory=list)
-
-    def listening(self, now: float) -> bool:
-        after = self.behaviour.listens_after_s
-        return after is not None and now >= self.started_at + after
+# systemctl show's properties, from the fake's state
+SHOW: dict[str, Callable[[FakeSystemd, str], str]] = {
+    "ActiveState": lambda h, u: h.units.get(u, SysUnit()).active,
+    "SubState": lambda h, u: h.units.get(u, SysUnit()).sub,
+    "NRestarts": lambda h, u: str(h.units.get(u, SysUnit()).restarts),
+    "Result": lambda h, u: h.units.get(u, SysUnit()).result,
+    "ExecMainStatus": lambda h, u: h.units.get(u, SysUnit()).exit_status,
+    "UnitFileState": lambda h, u: h.unit_file_state(u),
+    "FragmentPath": lambda h, u: h.fragments.get(u, ""),
+}
 
 
 @dataclass
@@ -102,9 +80,14 @@ def env_values(text: str) -> dict[str, str]:
 @dataclass
 class FakeSystemd(FakeRemote):
     unit_dir: str = "/etc/systemd/system"
+    runtime_dir: str = "/run/systemd/system"
+    control_dir: str = "/run/systemd/system.control"
     units: dict[str, SysUnit] = field(default_factory=dict)
     loaded: dict[str, str] = field(default_factory=dict)  # unit -> text systemd read at its last daemon-reload
+    fragments: dict[str, str] = field(default_factory=dict)  # unit -> the file it was read from
+    enabled: dict[str, str] = field(default_factory=dict)  # unit -> the file its multi-user.target link names
     daemon_reloads: int = 0
+    boots: int = 0
     images: set[str] = field(default_factory=set)  # on the host
     registry: set[str] = field(default_factory=set)  # pullable
     servers: dict[str, Behaviour] = field(default_factory=dict)  # image -> how its server behaves
@@ -114,10 +97,41 @@ class FakeSystemd(FakeRemote):
 
     def __post_init__(self) -> None:
         self._mkdirs(self.unit_dir)
+        self._mkdirs(self.runtime_dir)  # systemd makes it at boot (sd_booted() looks for it)
 
     # -- what tests read ---------------------------------------------------------------------
     def state_of(self, unit: str) -> str:
         return self.units.get(unit, SysUnit()).active
+
+    def unit_file(self, unit: str) -> str | None:
+        """The file `unit` is read from, first on systemd's search path."""
+        return next((p for d in (self.control_dir, self.unit_dir, self.runtime_dir)
+                     if (p := f"{d}/{unit}") in self.files), None)
+
+    def unit_file_state(self, unit: str) -> str:
+        """`systemctl is-enabled`: enabled (linked), disabled ([Install] but no link), static, or ""."""
+        if unit in self.enabled:
+            return "enabled"
+        path = self.unit_file(unit)
+        if path is None:
+            return ""
+        return "disabled" if unit_setting(self.files[path], "WantedBy") else "static"
+
+    def reboot(self, down_s: float = 30.0) -> None:
+        """A power cycle: every server dies, /run is empty again, enabled units start in boot order."""
+        for unit in list(self.running):
+            self.log(unit, "-- Boot --")
+        self.running.clear()
+        self.units.clear()
+        for d in [d for d in self.dirs if d.startswith("/run/")]:
+            self._rmtree(d)
+        self.now += down_s
+        self.boots += 1
+        self.__post_init__()
+        self._daemon_reload()
+        for unit, target in sorted(self.enabled.items()):
+            if target in self.files:  # a link to a file that is gone starts nothing
+                self._start(unit, "")
 
     def listening(self) -> set[int]:
         return {p.port for p in self.running.values() if p.listening(self.now)} | self.strangers
@@ -150,19 +164,21 @@ class FakeSystemd(FakeRemote):
             if after is not None and self.now >= proc.started_at + after:
                 self._exited(unit, list(proc.behaviour.crash_log), status=1)
 
-    def _log(self, unit: str, *lines: str) -> None:
+    def log(self, unit: str, *lines: str) -> None:
         self.journal.setdefault(unit, []).extend((self.now, ln) for ln in lines)
 
     # -- systemd -----------------------------------------------------------------------------
     def _daemon_reload(self) -> None:
         self.daemon_reloads += 1
-        d = self.unit_dir + "/"
-        self.loaded = {p[len(d):]: t for p, t in self.files.items() if p.startswith(d) and "/" not in p[len(d):]}
+        names = {posixpath.basename(p) for p in self.files
+                 if posixpath.dirname(p) in (self.control_dir, self.unit_dir, self.runtime_dir)}
+        self.fragments = {u: p for u in names if (p := self.unit_file(u)) is not None and u.endswith(".service")}
+        self.loaded = {u: self.files[p] for u, p in self.fragments.items()}
 
     def _exited(self, unit: str, lines: list[str], status: int) -> None:
         """The main process died: systemd schedules a restart (Restart=on-failure) or marks it failed."""
         self.running.pop(unit, None)
-        self._log(unit, *lines, f"{unit}: Main process exited, code=exited, status={status}/FAILURE",
+        self.log(unit, *lines, f"{unit}: Main process exited, code=exited, status={status}/FAILURE",
                   f"{unit}: Failed with result 'exit-code'.")
         restarts = unit_setting(self.loaded.get(unit, ""), "Restart") in ("on-failure", "always")
         # systemd's later restarts are not modelled: the flow acts on the first exit it sees
@@ -185,8 +201,8 @@ class FakeSystemd(FakeRemote):
         port = int(argv[argv.index("--port") + 1])
         self.units[unit] = SysUnit("active", "running")
         if not any(p.container == name for p in self.running.values()):
-            self._log(unit, f"Error: No such container: {name}")  # ExecStartPre=-docker rm --force
-        self._log(unit, f"Started {unit_setting(text, 'Description')}.")
+            self.log(unit, f"Error: No such container: {name}")  # ExecStartPre=-docker rm --force
+        self.log(unit, f"Started {unit_setting(text, 'Description')}.")
         if image not in self.images and image in self.registry:
             self.images.add(image)  # docker run pulls what the host lacks
         if image not in self.images:
@@ -203,7 +219,23 @@ class FakeSystemd(FakeRemote):
             return self._ok(cmd)
         self.running[unit] = proc
         proc.logs += [(self.now, ln) for ln in proc.behaviour.output]
-        self._log(unit, *proc.behaviour.output)
+        self.log(unit, *proc.behaviour.output)
+        return self._ok(cmd)
+
+    def _commit(self, cmd: str, staged: str, main_path: str, override: str, unit: str, staged_state: str,
+                state: str, *drop: str) -> RemoteResult:
+        """COMMIT_SCRIPT, step by step: install, drop the override, reload, enable, the state, the rest."""
+        if not self._install(staged, main_path, reload=False):
+            return RemoteResult(cmd, 1, "", f"install: cannot stat '{staged}'")
+        self._rm(override)
+        self._daemon_reload()
+        enabled = self._enable(unit, cmd)
+        if not enabled.ok:
+            return enabled
+        if staged_state not in self.files:
+            return RemoteResult(cmd, 1, "", f"mv: cannot stat '{staged_state}': No such file or directory")
+        self._move(staged_state, state)
+        self._rm(*drop)
         return self._ok(cmd)
 
     def _oneshot(self, unit: str, script: str, args: list[str], cmd: str) -> RemoteResult:
@@ -217,13 +249,13 @@ class FakeSystemd(FakeRemote):
             return RemoteResult(cmd, 1, "", why)
         return self._ok(cmd)
 
-    def _switch(self, cand: str, cand_path: str, main: str, staged: str, main_path: str) -> int:
+    def _switch(self, cand: str, cand_path: str, main: str, staged: str, override: str) -> int:
         """SWITCH_SCRIPT, step by step (its `;` and `&&` kept)."""
         self._stop(cand)
         self._reset_failed(cand)
         self._rm(cand_path)
         self._stop(main)
-        if not self._install(staged, main_path):
+        if not self._install(staged, override):
             return 1
         self._reset_failed(main)
         return self._start(main, "").returncode
@@ -232,7 +264,7 @@ class FakeSystemd(FakeRemote):
         if unit not in self.loaded and unit not in self.units:
             return 5
         if self.running.pop(unit, None) is not None:
-            self._log(unit, f"Stopped {unit_setting(self.loaded.get(unit, ''), 'Description')}.")
+            self.log(unit, f"Stopped {unit_setting(self.loaded.get(unit, ''), 'Description')}.")
         st = self.units.setdefault(unit, SysUnit())
         st.active, st.sub = ("inactive", "dead") if st.result == "success" else ("failed", "failed")
         return 0
@@ -242,18 +274,40 @@ class FakeSystemd(FakeRemote):
         if st is not None and st.active == "failed":
             self.units[unit] = SysUnit()
 
-    def _install(self, staged: str, dst: str) -> bool:
-        if staged not in self.files or posixpath.dirname(dst) not in self.dirs:
+    def _install(self, staged: str, dst: str, *, reload: bool = True) -> bool:
+        """install -m 0644 to a temp name, mv over dst (INSTALL_SCRIPT makes the directory first)."""
+        if staged not in self.files:
             return False
+        self._mkdirs(posixpath.dirname(dst))
         self.files[dst] = self.files[staged]
         self.modes[dst] = 0o644
-        self._daemon_reload()
+        if reload:
+            self._daemon_reload()
         return True
+
+    def _enable(self, unit: str, cmd: str) -> RemoteResult:
+        path = self.unit_file(unit)  # systemctl links the file it finds first, /run's included
+        if path is None:
+            return RemoteResult(cmd, 1, "", f"Failed to enable unit: Unit file {unit} does not exist.")
+        if unit_setting(self.files[path], "WantedBy"):
+            self.enabled.setdefault(unit, path)  # an existing link is kept
+        return self._ok(cmd)
+
+    def _disable(self, unit: str, cmd: str) -> RemoteResult:
+        if unit not in self.enabled and self.unit_file(unit) is None:
+            return RemoteResult(cmd, 1, "", f"Failed to disable unit: Unit file {unit} does not exist.")
+        self.enabled.pop(unit, None)
+        return self._ok(cmd)
 
     def _systemctl(self, verb: str, unit: str, cmd: str) -> RemoteResult:
         if verb == "is-active":
             state = self.state_of(unit)
             return RemoteResult(cmd, 0 if state == "active" else 3, state + "\n", "")
+        if verb == "is-enabled":
+            state = self.unit_file_state(unit)
+            if not state:
+                return RemoteResult(cmd, 1, "", f"Failed to get unit file state for {unit}: No such file or directory")
+            return RemoteResult(cmd, 0 if state == "enabled" else 1, state + "\n", "")
         if verb == "reset-failed":
             if unit not in self.loaded and unit not in self.units:
                 return RemoteResult(cmd, 1, "", f"Failed to reset failed state of unit {unit}: Unit {unit} not loaded.")
@@ -273,6 +327,13 @@ class FakeSystemd(FakeRemote):
             return self._ok(cmd)
         if args[0] == "systemctl" and len(args) == 3:
             return self._systemctl(args[1], args[2], cmd)
+        if args[:3] == ["systemctl", "enable", "--quiet"] and len(args) == 4:
+            return self._enable(args[3], cmd)
+        if args[:2] == ["systemctl", "show"] and len(args) > 3 and args[3::2] == ["-p"] * (len(args) // 2 - 1):
+            props = args[4::2]
+            if not set(props) <= SHOW.keys():
+                raise UnknownCommand(f"FakeHost does not model these properties: {cmd}")
+            return self._ok(cmd, "".join(f"{p}={SHOW[p](self, args[2])}\n" for p in props))
         if args[:2] == ["systemd-analyze", "verify"] and len(args) == 3:
             text = self.files.get(args[2])
             if text is None:
@@ -305,13 +366,18 @@ class FakeSystemd(FakeRemote):
                 return RemoteResult(cmd, 1, "", f"install: cannot stat '{staged}'")
             return self._ok(cmd)
         if script == REMOVE_SCRIPT:
-            unit, path = p
+            unit, *paths = p
             self._stop(unit)
             self._reset_failed(unit)
-            if path in self.files:
-                self._rm(path)
+            self._disable(unit, cmd)
+            if gone := [path for path in paths if path in self.files]:
+                self._rm(*gone)
                 self._daemon_reload()
             return self._ok(cmd)
+        if script == COMMIT_SCRIPT:
+            return self._commit(cmd, *p)
+        if script == EXISTING_SCRIPT:
+            return self._ok(cmd, "".join(f"{path}\n" for path in p if path in self.files or path in self.dirs))
         if script == POLL_SCRIPT:
             (unit,) = p
             st = self.units.get(unit, SysUnit())
@@ -326,45 +392,3 @@ class FakeSystemd(FakeRemote):
                 out += [f"== docker logs {container}", *[ln for t, ln in proc.logs if t >= int(since)][-400:]]
             return self._ok(cmd, "\n".join(out) + "\n")
         return super()._script(script, p, cmd)
-
-
-@dataclass
-class FakeHttp:
-    """The server's HTTP layers at a URL on the fake host: whatever listens on that port answers."""
-
-    host: FakeSystemd
-    url: str
-
-    @property
-    def port(self) -> int:
-        return int(self.url.rsplit(":", 1)[1].split("/", 1)[0])
-
-    def _proc(self) -> Proc | None:
-        return next((p for p in self.host.running.values() if p.port == self.port and p.listening(self.host.now)),
-                    None)
-
-    def crashed(self) -> str | None:
-        return None  # the unit's state says it (UnitProbe); HTTP alone cannot tell
-
-    def port_open(self) -> tuple[bool, str]:
-        ok = self.port in self.host.listening()
-        return ok, "" if ok else f"nothing listens at {self.url}"
-
-    def health(self) -> tuple[bool, str]:
-        proc = self._proc()
-        code = None if proc is None else 200 if proc.behaviour.healthy else 503
-        return code == 200, f"/health answered {code if code is not None else 'nothing'}"
-
-    def generate(self) -> tuple[bool, str]:
-        proc = self._proc()
-        if proc is None:
-            return False, f"POST {self.url}/v1/completions: no answer (ConnectionRefusedError: refused)"
-        proc.generations += 1
-        if proc.generations <= proc.behaviour.failing_generations:
-            err = proc.behaviour.generation_error
-            proc.logs.append((self.host.now, err))
-            unit = next(u for u, p in self.host.running.items() if p is proc)
-            self.host._log(unit, err)
-            body = json.dumps({"object": "error", "message": err, "type": "InternalServerError", "code": 500})
-            return False, f"POST {self.url}/v1/completions: HTTP 500: {body.encode()[:200]!r}"
-        return True, "generated ' Hello there'"

@@ -28,7 +28,6 @@ BACKUP_SCRIPT = (
 RESTORE_SCRIPT = (
     'if [ -e "$2" ]; then mv -f "$2" "$1"; elif [ -e "$2.absent" ]; then rm -f "$1" "$2.absent"; fi; rm -f "$3"'
 )
-COMMIT_SCRIPT = 'rm -f "$1" "$1.absent" "$2"'
 
 
 def env_file(service: str) -> str:
@@ -114,8 +113,6 @@ def restore(remote: Remote, paths: HostPaths) -> None:
     )
 
 
-def commit(remote: Remote, paths: HostPaths) -> None:
-    remote.run(
-        sh_argv(COMMIT_SCRIPT, backup_file(paths), candidate_env_file(paths.service)),
-        what="drop the secrets backup",
-    )
+def transaction_files(paths: HostPaths) -> tuple[str, ...]:
+    """What a deploy keeps only until it commits (the backup, its absence marker, the candidate's copy)."""
+    return backup_file(paths), f"{backup_file(paths)}.absent", candidate_env_file(paths.service)

@@ -26,12 +26,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from stackbuild.errors import InfraError, InputError
+from stackbuild.spec.kinds import SSH_TARGET
 
-_HOST_RE = re.compile(
-    r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"
-    r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._-]+))"
-    r"(?::(?P<port>[0-9]{1,5}))?$"
-)
+_HOST_RE = SSH_TARGET  # the spec's kind for an address, so a spec value and --host parse alike
 
 
 @dataclass(frozen=True)

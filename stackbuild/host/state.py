@@ -82,7 +82,9 @@ class HostPaths:
 
     state_dir: str
     service: str
-    unit_dir: str = "/etc/systemd/system"
+    unit_dir: str = "/etc/systemd/system"  # the committed main unit, enabled (units.py says why where)
+    runtime_dir: str = "/run/systemd/system"  # candidate and switch units: gone on reboot
+    override_dir: str = "/run/systemd/system.control"  # the main unit running a release under test
 
     @property
     def base(self) -> str:
@@ -113,6 +115,27 @@ class HostPaths:
 
     def unit_path(self, unit: str) -> str:
         return f"{self.unit_dir}/{unit}"
+
+    @property
+    def main_path(self) -> str:
+        return self.unit_path(self.main_unit)
+
+    @property
+    def override_path(self) -> str:
+        return f"{self.override_dir}/{self.main_unit}"
+
+    @property
+    def candidate_paths(self) -> tuple[str, ...]:
+        """Where the candidate unit is (/run), then where earlier stackbuild versions left it (/etc)."""
+        return f"{self.runtime_dir}/{self.candidate_unit}", self.unit_path(self.candidate_unit)
+
+    @property
+    def switch_unit(self) -> str:
+        return f"stackbuild-switch-{self.service}.service"
+
+    @property
+    def switch_paths(self) -> tuple[str, ...]:
+        return f"{self.runtime_dir}/{self.switch_unit}", self.unit_path(self.switch_unit)
 
 
 def now_iso() -> str:

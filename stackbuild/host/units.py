@@ -7,17 +7,38 @@ calls on a `Remote`, each safe to repeat.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from stackbuild.errors import GateFailed, InfraError, InputError
 from stackbuild.host.ssh import READ_FILE_SCRIPT, Remote, sh_argv
+from stackbuild.host.state import HostPaths
 
+# Where a unit lives says when it runs. The promoted release's unit is a file in /etc/systemd/system,
+# enabled (it starts on boot). Anything not committed in the host state runs from /run, a tmpfs that
+# is empty after a reboot: a candidate or switch unit in /run/systemd/system, and the main unit while
+# it runs a release under test from /run/systemd/system.control, which systemd reads before /etc
+# (systemd.unit(5), "System Unit Search Path"; `systemd-analyze unit-paths`). So a host that reboots
+# at any step before the commit boots the release its state file names.
 INSTALL_SCRIPT = (
-    'install -m 0644 "$1" "$2.stackbuild-tmp" && mv -f "$2.stackbuild-tmp" "$2" '
+    'mkdir -p "$(dirname "$2")" && install -m 0644 "$1" "$2.stackbuild-tmp" && mv -f "$2.stackbuild-tmp" "$2" '
     "&& systemctl daemon-reload"
 )
+# $1 the unit, then every path it may have a file at: stopped, not enabled, its files gone.
 REMOVE_SCRIPT = (
-    'systemctl stop "$1" 2>/dev/null; systemctl reset-failed "$1" 2>/dev/null; '
-    'if [ -e "$2" ]; then rm -f "$2" && systemctl daemon-reload; fi; true'
+    'u=$1; shift; systemctl stop "$u" 2>/dev/null; systemctl reset-failed "$u" 2>/dev/null; '
+    'systemctl disable --quiet "$u" 2>/dev/null; r=; '
+    'for p in "$@"; do if [ -e "$p" ]; then rm -f "$p" && r=1; fi; done; '
+    'if [ -n "$r" ]; then systemctl daemon-reload; fi; true'
+)
+# The commit of a release as the main unit: its text into /etc (atomic rename), the /run override
+# dropped, enabled (only now: `enable` links the first file found, and /run's must be gone), the new
+# host state ($5) renamed over the state file ($6), then what the transaction no longer needs (the
+# rest: the secrets backup) removed, in one host-side command. A client killed or disconnected
+# never splits it; only power lost between the renames does, and then the state still carries its
+# pending marker, so the next run converges the host.
+COMMIT_SCRIPT = (
+    'install -m 0644 "$1" "$2.stackbuild-tmp" && mv -f "$2.stackbuild-tmp" "$2" && rm -f "$3" '
+    '&& systemctl daemon-reload && systemctl enable --quiet "$4" && mv -f "$5" "$6" && shift 6 && rm -f "$@"'
 )
 LOGS_SCRIPT = (
     'echo "== journalctl -u $1"; '
@@ -27,15 +48,17 @@ LOGS_SCRIPT = (
     'docker logs --since "$3" "$2" 2>&1 | tail -n 400; fi; true'
 )
 # The side-by-side switch as one host-side transaction: candidate unit removed, main unit
-# stopped, the new main unit installed and started. Run by systemd (systemd-run), so the host
-# finishes it even when the client or its SSH connection dies halfway; the previous unit
-# text stays in the state file for a restore.
+# stopped, the candidate's main unit installed as the /run override ($5) and started. Run by
+# systemd (a oneshot unit), so the host finishes it even when the client or its SSH connection
+# dies halfway; the committed unit in /etc is untouched until the commit.
 SWITCH_SCRIPT = (
     'systemctl stop "$1" 2>/dev/null; systemctl reset-failed "$1" 2>/dev/null; rm -f "$2"; '
-    'systemctl stop "$3"; '
+    'systemctl stop "$3"; mkdir -p "$(dirname "$5")" && '
     'install -m 0644 "$4" "$5.stackbuild-tmp" && mv -f "$5.stackbuild-tmp" "$5" && systemctl daemon-reload '
     '&& { systemctl reset-failed "$3" 2>/dev/null; systemctl start "$3"; }'
 )
+EXISTING_SCRIPT = 'for p in "$@"; do if [ -e "$p" ]; then echo "$p"; fi; done'
+BOOT_PROPERTIES = ["-p", "ActiveState", "-p", "UnitFileState", "-p", "FragmentPath"]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -90,6 +113,13 @@ def install(remote: Remote, staged: str, unit_path: str) -> None:
     remote.run(sh_argv(INSTALL_SCRIPT, staged, unit_path), what=f"install {unit_path}")
 
 
+def commit(remote: Remote, unit: str, unit_paths: tuple[str, str, str], state: tuple[str, str],
+           drop: tuple[str, ...]) -> None:
+    """COMMIT_SCRIPT: unit_paths (staged, /etc, /run override): the staged text becomes the enabled
+    main unit; then state (staged, state file) is renamed into place and `drop` removed."""
+    remote.run(sh_argv(COMMIT_SCRIPT, *unit_paths, unit, *state, *drop), what=f"commit {unit} (installed, enabled)")
+
+
 def switch_unit_text(script: str, args: list[str]) -> str:
     """A oneshot unit running the switch script: `systemctl start` waits for it, systemd owns it."""
     from stackbuild.render.stack import exec_line
@@ -101,19 +131,48 @@ def switch_unit_text(script: str, args: list[str]) -> str:
     )
 
 
-def switch(remote: Remote, staging_dir: str, unit_dir: str, service: str, args: list[str]) -> None:
-    """Run SWITCH_SCRIPT with `args` as one host-side transaction (a oneshot unit), waiting for its end."""
-    script = f"{staging_dir}/switch.sh"
-    unit = f"stackbuild-switch-{service}.service"
+def switch(remote: Remote, paths: HostPaths, args: list[str]) -> None:
+    """Run SWITCH_SCRIPT with `args` as one host-side transaction (a oneshot unit in /run), waiting
+    for its end; its unit is removed when it ends (one a killed client left, by converge)."""
+    script, unit = f"{paths.staging_dir}/switch.sh", paths.switch_unit
     remote.put_text(SWITCH_SCRIPT + "\n", script, mode=0o700)
-    remote.put_text(switch_unit_text(script, args), f"{unit_dir}/{unit}")
+    remote.put_text(switch_unit_text(script, args), paths.switch_paths[0])
     remote.run(["systemctl", "daemon-reload"], what="load the switch unit")
     remote.run(["systemctl", "reset-failed", unit], check=False, what="reset-failed")
-    remote.run(["systemctl", "start", unit], what=f"switch {service} to the candidate", timeout=300)
+    try:
+        remote.run(["systemctl", "start", unit], what=f"switch {paths.service} to the candidate", timeout=300)
+    finally:
+        remove(remote, unit, *paths.switch_paths)
 
 
-def remove(remote: Remote, unit: str, unit_path: str) -> None:
-    remote.run(sh_argv(REMOVE_SCRIPT, unit, unit_path), what=f"remove {unit}")
+def remove(remote: Remote, unit: str, *paths: str) -> None:
+    remote.run(sh_argv(REMOVE_SCRIPT, unit, *paths), what=f"remove {unit}")
+
+
+def existing(remote: Remote, *paths: str) -> list[str]:
+    """Which of `paths` exist on the host."""
+    res = remote.run(sh_argv(EXISTING_SCRIPT, *paths), what="look for unit files", changes=False)
+    return res.stdout.split()
+
+
+def enable(remote: Remote, unit: str) -> None:
+    remote.run(["systemctl", "enable", "--quiet", unit], what=f"enable {unit} (start on boot)")
+
+
+@dataclass(frozen=True)
+class BootFacts:
+    """What systemd says of a unit: running now, starting on boot, and from which file."""
+
+    active: str
+    enabled: str  # systemd's UnitFileState: enabled, disabled, ... ("" for no unit file)
+    fragment: str  # the file systemd loaded it from ("" for none)
+
+
+def boot_facts(remote: Remote, unit: str) -> BootFacts:
+    res = remote.run(["systemctl", "show", unit, *BOOT_PROPERTIES], check=False, what="unit state",
+                     changes=False)
+    kv = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+    return BootFacts(kv.get("ActiveState", ""), kv.get("UnitFileState", ""), kv.get("FragmentPath", ""))
 
 
 def start(remote: Remote, unit: str) -> None:

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from stackbuild.spec.kinds import LONG_FLAG, SshTarget, Text, Version
+
 FlagValue = str | int | float | bool | list[str | int | float] | None
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _WAVE = re.compile(r"^(\d{1,3})%$")
@@ -25,13 +27,13 @@ class FleetHost(_Model):
     """One host of the fleet. Unset overrides take the stack's own value."""
 
     name: str
-    address: str | None = None  # [USER@]HOST[:PORT] or an ~/.ssh/config alias; default: name
+    address: SshTarget | None = None  # [USER@]HOST[:PORT] or an ~/.ssh/config alias; default: name
     port: int | None = Field(None, ge=1, le=65535)
     staging_port: int | None = Field(None, ge=1, le=65535)
     service: str | None = None
     gpus: Literal["all", "none"] | int | None = None
-    driver: str | None = None
-    gpu_model: str | None = None  # with gpus and driver: the host class hosts are compared within
+    driver: Version | None = None
+    gpu_model: Text | None = None  # with gpus and driver: the host class hosts are compared within
     flags: dict[str, FlagValue] = Field(default_factory=dict)  # merged over server.flags
 
     @field_validator("name")
@@ -46,6 +48,14 @@ class FleetHost(_Model):
     def _service(cls, v: str | None) -> str | None:
         if v is not None and not _NAME.match(v):
             raise ValueError("a service name is letters, digits, '.', '_' and '-' (it names a unit)")
+        return v
+
+    @field_validator("flags")
+    @classmethod
+    def _flags(cls, v: dict[str, FlagValue]) -> dict[str, FlagValue]:
+        bad = [k for k in v if not LONG_FLAG.fullmatch(k)]
+        if bad:
+            raise ValueError(f"flags are long options like '--speed'; not: {', '.join(map(repr, bad))}")
         return v
 
     @property

@@ -84,5 +84,26 @@ Registry = Annotated[
 ]
 EnvName = Annotated[str, _kind(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name (letters, digits, _)")]
 LONG_FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*")
+# An SSH target as `ssh` and stackbuild.host.ssh.parse_host take it: [USER@]HOST[:PORT], HOST a name, an
+# address, an ~/.ssh/config alias or a bracketed IPv6 address.
+SSH_TARGET = re.compile(
+    r"^(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"
+    r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9._-]+))"
+    r"(?::(?P<port>[0-9]{1,5}))?$"
+)
+
+
+def _ssh_target(v: str) -> str:
+    if bad := control_chars(v):
+        raise ValueError(f"control character(s) {''.join(bad)!r} not allowed; write [USER@]HOST[:PORT]")
+    m = SSH_TARGET.match(v)
+    if not m or len(v) > 300:
+        raise ValueError("not [USER@]HOST[:PORT] (e.g. root@gpu1:22, or an ~/.ssh/config alias)")
+    if m["port"] and not 1 <= int(m["port"]) <= 65535:
+        raise ValueError(f"port {m['port']} is out of range 1-65535")
+    return v
+
+
+SshTarget = Annotated[str, AfterValidator(_ssh_target)]
 Size = Annotated[str, _kind(r"\d+[bkmgBKMG]?", "a size like '32g'")]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]

@@ -39,26 +39,34 @@ def _problem(pos: Pos, message: str, rule: str, severity: str = "error") -> Find
 MAX_SPEC_BYTES = 1 << 20  # a stack spec is a page of YAML; refuse before parsing a huge file
 
 
-def _read(ref: StackRef) -> Located:
+def read_located(path: Path, display: str, what: str = "stack file") -> Located:
+    """A YAML spec file (a stack, an inventory) as data with positions; every problem one located line.
+
+    Bytes first: a file too large or not UTF-8 is refused with where and what to do, never a traceback.
+    """
     try:
-        with ref.path.open("rb") as fh:
+        with path.open("rb") as fh:
             blob = fh.read(MAX_SPEC_BYTES + 1)
     except OSError as err:
-        raise SpecError([_problem(Pos(ref.display, 1, 1), f"cannot read stack file: {err.strerror}", "file")]) from err
+        raise SpecError([_problem(Pos(display, 1, 1), f"cannot read {what}: {err.strerror}", "file")]) from err
     if len(blob) > MAX_SPEC_BYTES:
-        msg = f"stack file is larger than {MAX_SPEC_BYTES >> 20} MiB; a spec is a page of YAML"
-        raise SpecError([_problem(Pos(ref.display, 1, 1), msg, "file")])
+        msg = f"{what} is larger than {MAX_SPEC_BYTES >> 20} MiB; a spec is a page of YAML"
+        raise SpecError([_problem(Pos(display, 1, 1), msg, "file")])
     try:
         text = blob.decode("utf-8")
     except UnicodeDecodeError as err:
         before = blob[: err.start].decode("utf-8", "replace")
         line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
         msg = f"byte 0x{blob[err.start]:02x} is not UTF-8; save the file as UTF-8"
-        raise SpecError([_problem(Pos(ref.display, line, col), msg, "file")]) from None
+        raise SpecError([_problem(Pos(display, line, col), msg, "file")]) from None
     try:
-        loc = load_located(text, ref.display)
+        return load_located(text, display)
     except YamlProblem as p:
         raise SpecError([_problem(p.pos, p.message, p.rule)]) from p
+
+
+def _read(ref: StackRef) -> Located:
+    loc = read_located(ref.path, ref.display)
     if not isinstance(loc.data, dict):
         raise SpecError([_problem(loc.pos(()), "a stack file must be a YAML mapping of keys", "type")])
     return loc
@@ -199,7 +207,7 @@ def _load_patches(data: dict[str, Any], loc: Located, root: Path) -> tuple[list[
     return out, problems
 
 
-def _control_char_findings(value: Any, loc: Located, path: tuple[Any, ...] = ()) -> list[Finding]:
+def control_char_findings(value: Any, loc: Located, path: tuple[Any, ...] = ()) -> list[Finding]:
     """Every string (key or value) holding a control character, located: no spec value spans lines."""
     out: list[Finding] = []
     if isinstance(value, str):
@@ -210,10 +218,10 @@ def _control_char_findings(value: Any, loc: Located, path: tuple[Any, ...] = ())
         for k, v in value.items():
             if isinstance(k, str) and control_chars(k):
                 out.append(_problem(loc.keys.get((*path, k), loc.pos(path)), f"key {k!r}: control characters", "kind"))
-            out += _control_char_findings(v, loc, (*path, k))
+            out += control_char_findings(v, loc, (*path, k))
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            out += _control_char_findings(v, loc, (*path, i))
+            out += control_char_findings(v, loc, (*path, i))
     return out
 
 
@@ -316,7 +324,7 @@ def load_stack(name_or_path: str | Path, *, root: Path | None = None, variant: s
         patches=patches,
         variants=tuple(variants) if isinstance(variants, dict) else (),
     )
-    problems += (control := _control_char_findings(fields, loc))
+    problems += (control := control_char_findings(fields, loc))
     try:
         stack = Stack.model_validate(fields)
     except ValidationError as err:

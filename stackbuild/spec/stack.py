@@ -28,6 +28,7 @@ from stackbuild.spec.kinds import (
     PyVersion,
     Registry,
     Size,
+    SshTarget,
     Text,
     Url,
     Version,
@@ -165,7 +166,7 @@ class GateSpec(_Model):
 
 
 class Host(_Model):
-    address: str | None = None
+    address: SshTarget | None = None
     service: Ident = "sglang"
     strategy: Literal["swap", "side-by-side"] = "swap"
     registry: Registry | None = None  # HOST:PORT/REPO

@@ -1,0 +1,119 @@
+"""Fail fast on a stall (issue 23): when the profile allows no failed request, the first request
+past its stall bound decides the level, and the rest of its run is cancelled.
+
+Against an in-process streaming server on 127.0.0.1 whose first request sends one chunk and then
+nothing, while every other request streams its tokens 20 ms apart: the outcome does not depend on
+timing luck (400 requests take seconds; the stall bound is a fraction of that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from stackbuild.gate import loadgen, runner
+from stackbuild.spec.profile import GateProfile, Workload
+
+WL = Workload(input_len=4, output_len=4, stall_timeout_s=0.5, timeout_s=30.0, warmup=0, concurrency=(4,))
+
+
+@dataclass
+class Server:
+    stalls: int  # the first this many requests stall after one chunk
+    seen: int = 0
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        n, self.seen = self.seen, self.seen + 1
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chunk = b"data: " + json.dumps({"choices": [{"text": "a"}]}).encode() + b"\n\n"
+        try:
+            await resp.write(chunk)
+            if n < self.stalls:
+                await self.release.wait()  # stalled: the client's stall bound ends it
+                return resp
+            for _ in range(WL.output_len - 1):
+                await asyncio.sleep(0.02)
+                await resp.write(chunk)
+            usage = {"choices": [], "usage": {"completion_tokens": WL.output_len, "prompt_tokens": WL.input_len}}
+            await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+        except (ConnectionError, RuntimeError):
+            pass  # the client went away (cancelled): nothing to answer
+        return resp
+
+
+@asynccontextmanager
+async def serving(stalls: int) -> AsyncIterator[tuple[str, Server]]:
+    srv = Server(stalls)
+    app = web.Application()
+    app.router.add_post("/v1/completions", srv.completions)
+    run = web.AppRunner(app, shutdown_timeout=0.5)
+    await run.setup()
+    site = web.TCPSite(run, "127.0.0.1", 0)
+    await site.start()
+    port = run.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}", srv
+    finally:
+        srv.release.set()
+        await run.cleanup()
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_the_first_stalled_request_ends_the_run_when_none_may_fail() -> None:
+    async def go() -> tuple[list[loadgen.RequestRecord], float, float, int]:
+        async with serving(stalls=1) as (url, srv):
+            prompts = [[1000 + i] * WL.input_len for i in range(400)]
+            t0 = time.monotonic()
+            records, _ = await loadgen.run_requests(url, WL, 4, prompts, fail_after=0)
+            return records, time.monotonic() - t0, 0.0, srv.seen
+
+    records, took, _, sent = _run(go())
+    failed = [r for r in records if not r.ok]
+    assert [r.error for r in failed] == ["stalled: no byte for 0.5s"]
+    # decided at the stall bound: the other workers' requests in flight were cancelled, unrecorded,
+    # and nothing more was sent (400 requests at ~80 ms over 3 workers would take ~10 s)
+    assert took < 3.0 and sent < 400 and len(records) < sent
+    assert all(r.ok for r in records if r is not failed[0])
+
+
+def test_failures_within_the_allowance_do_not_end_the_run() -> None:
+    async def go() -> list[loadgen.RequestRecord]:
+        async with serving(stalls=2) as (url, _srv):
+            prompts = [[1000 + i] * WL.input_len for i in range(12)]
+            records, _ = await loadgen.run_requests(url, WL, 4, prompts, fail_after=2)
+            return records
+
+    records = _run(go())
+    assert (len(records), sum(not r.ok for r in records)) == (12, 2)  # every request ran
+
+
+def test_a_level_whose_candidate_stalls_is_decided_after_one_run() -> None:
+    prof = GateProfile(concurrency=(4,), input_len=4, output_len=4, runs=3, max_runs=6, warmup=0,
+                       stall_timeout_s=0.5, timeout_s=30.0)
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    async def go() -> Any:
+        async with serving(stalls=1) as (url, _srv):
+            return await runner._run_level(4, url, None, None, prof.workload(), prof,
+                                           lambda kind, data: events.append((kind, data)))
+
+    t0 = time.monotonic()
+    lv = _run(go())
+    took = time.monotonic() - t0
+    assert (lv.verdict, lv.failed_requests, len(lv.runs)) == ("fail", 1, 1)
+    assert lv.reasons == ("C=4: 1 failed requests (allowed 0): stalled: no byte for 0.5s",)
+    assert [d["index"] for k, d in events if k == "run"] == [0]  # no second run was measured
+    assert took < 3.0
