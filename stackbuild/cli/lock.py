@@ -160,7 +160,7 @@ def _check(ctx: click.Context, names: tuple[str, ...], variant: str | None) -> N
 
 
 def _verify(spec: Stack, python: str | None, keep: bool, venv: Path | None) -> None:
-    from stackbuild.paths import templates_dir
+    from stackbuild.render.lockctx import verify_script
     from stackbuild.render.stack import launch_args
     from stackbuild.spec.components import dist_of
     from stackbuild.spec.lock import check, verify
@@ -177,7 +177,7 @@ def _verify(spec: Stack, python: str | None, keep: bool, venv: Path | None) -> N
         python=spec.python,
         lock=lock,
         target=t,
-        verify_script=(templates_dir() / "verify_image.py").read_text(encoding="utf-8"),
+        verify_script=verify_script(),
         torch_cuda=torch_cuda(spec, lock.text),
         server_args=launch_args(spec),
         sglang=lock.entries[sg].version if (sg := dist_of("sglang")) in lock.entries else None,

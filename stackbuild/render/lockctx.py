@@ -47,12 +47,16 @@ def context(stack: Stack) -> dict[str, Any]:
     }
 
 
+def verify_script() -> str:
+    """templates/verify_image.py: what the image (and `lock --verify`'s venv) runs to check the lock's versions."""
+    return (templates_dir() / "verify_image.py").read_text(encoding="utf-8")
+
+
 def files(stack: Stack) -> dict[str, str]:
     """requirements.lock (the committed lock, or a line saying none was made), the source stages' hash-pinned
     build tools, the image's verifier, the AOT drivers."""
     missing = f"# no lock: run `{lock_command(stack)}`\n"
-    verify = (templates_dir() / "verify_image.py").read_text(encoding="utf-8")
-    out = {"requirements.lock": lock_text(stack) or missing, "verify_image.py": verify}
+    out = {"requirements.lock": lock_text(stack) or missing, "verify_image.py": verify_script()}
     if any(c.source is not None for _, c in stack.components.items()):
         tools = build_lock_path(stack)
         out["build-tools.lock"] = tools.read_text(encoding="utf-8") if tools.is_file() else missing
