@@ -25,6 +25,7 @@ from stackbuild.spec.facts import (
     TORCH_CUDA_WHEELS,
 )
 from stackbuild.spec.facts import driver_floor as driver_floor  # re-exported: preflight checks the same floor
+from stackbuild.spec.lock.target import DISTROS, distro_of
 from stackbuild.spec.patches import changes
 from stackbuild.spec.sglang import env_bool, known_table
 from stackbuild.spec.stack import Stack
@@ -209,8 +210,6 @@ def sglang_cuda13(s: Stack) -> Iterator[Hit]:
 
 
 def python_distro(s: Stack) -> Iterator[Hit]:
-    from stackbuild.spec.lock.target import DISTROS, distro_of
-
     d = distro_of(s.base_image)
     if s.server.engine == "sglang" and d and s.python not in DISTROS[d].pythons:
         yield ("python",), {"python": s.python, "distro": d, "have": ", ".join(DISTROS[d].pythons)}

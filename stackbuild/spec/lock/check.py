@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stackbuild.errors import Finding
+from stackbuild.spec import sglang
 from stackbuild.spec.components import COMPONENTS, dist_of
 from stackbuild.spec.facts import driver_floor
 from stackbuild.spec.load import positions
@@ -132,8 +133,6 @@ def build_tools_fresh(stack: Stack, t: Target | None) -> list[Finding]:
 def current(stack: Stack) -> list[Finding]:
     """`lock --check`, offline: the committed lock, its audit, its build tools and the release's flag
     table all still answer the spec's inputs."""
-    from stackbuild.spec import sglang
-
     t = target_of(stack)
     lock = read_lock(stack) if t is not None else None
     out = freshness(stack, t, lock) or build_tools_fresh(stack, t)

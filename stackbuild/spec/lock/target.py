@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from stackbuild.spec.components import BY_NAME, dist_of
+from stackbuild.spec.load import load_stack
 from stackbuild.spec.stack import Stack
 
 PYPI = "https://pypi.org/simple"
@@ -116,8 +117,6 @@ def own_lock(stack: Stack) -> bool:
 @functools.lru_cache(maxsize=64)
 def _base_target(source: Path, root: Path, _mtime_ns: int, _size: int) -> Target | None:
     """The stack's own target, loaded once per file version (validate asks for every variant)."""
-    from stackbuild.spec.load import load_stack
-
     return target_of(load_stack(source, root=root))
 
 
