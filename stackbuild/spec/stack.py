@@ -1,7 +1,8 @@
 """The stack spec's typed, frozen model: what a `Stack` holds once loaded (load.py builds it).
 
 Every value reaching a unit, a Dockerfile, a shell or a path has a kind (kinds.py)
-checked here, at the one boundary for user input.
+checked here (and in the components' models, which live with their table in
+components.py), at the one boundary for user input.
 """
 
 from __future__ import annotations
