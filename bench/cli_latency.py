@@ -1,9 +1,9 @@
-"""How long `stackbuild validate` and `render` of every shipped stack take, cache warm.
+"""How long `stackbuild --help`, and `validate` and `render` of every shipped stack take, cache warm.
 
 Runs the real console script in fresh processes (import time included), takes
 the median of several runs, and reports what the CLI imported: docker, fabric
 and aiohttp must stay out of these commands.
-Last line: `cli: validate_all_s=X render_all_s=Y`.
+Last line: `cli: help_s=X validate_all_s=Y render_all_s=Z`.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> int:
     base = [exe] if exe else [sys.executable, "-m", "stackbuild"]
     stacks = sorted(p.stem for p in (ROOT / "stacks").glob("*.yaml") if not p.name.startswith("_"))
     subprocess.run([*base, "validate"], cwd=ROOT, check=True, capture_output=True)  # warm the flag cache
+    help_s = statistics.median(timed([*base, "--help"]) for _ in range(RUNS))
     validate = statistics.median(timed([*base, "validate", "--offline"]) for _ in range(RUNS))
     with tempfile.TemporaryDirectory() as out:
 
@@ -46,7 +47,7 @@ def main() -> int:
     heavy = lines[-1] if lines and not lines[-1].startswith("ok:") else ""
     print(f"stacks: {', '.join(stacks)} (validate checks every variant)")
     print(f"heavy modules imported by validate: {heavy or 'none'}")
-    print(f"cli: validate_all_s={validate:.3f} render_all_s={render:.3f}")
+    print(f"cli: help_s={help_s:.3f} validate_all_s={validate:.3f} render_all_s={render:.3f}")
     return 0
 
 

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from platformdirs import user_cache_dir
+
 _PKG = Path(__file__).resolve().parent
 
 
@@ -23,8 +25,6 @@ def cache_dir() -> Path:
     env = os.environ.get("STACKBUILD_CACHE_DIR")
     if env:
         return Path(env)
-    from platformdirs import user_cache_dir
-
     return Path(user_cache_dir("stackbuild"))
 
 

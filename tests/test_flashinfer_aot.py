@@ -17,10 +17,10 @@ from helpers_spec import BASE, project, run_cli
 
 from stackbuild.image.smoke import aot_problems, aot_scan_argv
 from stackbuild.paths import shipped_dir
+from stackbuild.render.lockctx import aot_builds
 from stackbuild.render.stack import render_stack
 from stackbuild.spec.conditions import aot_arch_for
 from stackbuild.spec.load import load_stack
-from stackbuild.spec.lock.render_ctx import aot_dir
 
 ROOT = shipped_dir("stacks").parent
 PLAIN = "  flashinfer: {version: 0.7.2}\n"
@@ -107,7 +107,7 @@ def test_aot_needs_nvcc_in_the_base(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_aot_stage_renders_only_when_asked() -> None:
     with_ = render_stack(load_stack("cuda13", root=ROOT)).files
     assert with_["flashinfer_aot.py"] == (ROOT / "templates" / "flashinfer_aot.py").read_text()
-    d = aot_dir(load_stack("cuda13", root=ROOT))
+    d = aot_builds(load_stack("cuda13", root=ROOT))["flashinfer"].dir
     assert d == "/opt/venv/lib/python3.12/site-packages/flashinfer/data/aot"
     assert f"COPY --from=flashinfer-aot {d} {d}\n" in with_["Dockerfile"]
     assert 'ENV FLASHINFER_CUDA_ARCH_LIST="12.0f" \\\n' in with_["Dockerfile"]
@@ -237,15 +237,17 @@ def test_aot_problems_name_modules_without_a_kernel_for_the_target() -> None:
     out = "noise\n" + "\n".join(
         f"AOTMOD {json.dumps(m)}" for m in (["a", [120], []], ["b", [100], []], ["c", [], [90]], ["d", [], []])
     )
-    assert aot_problems(out, [120], "/x") == (
+    assert aot_problems(out, [120], "/x", "FlashInfer") == (
         ["1 of 4 FlashInfer AOT modules carry no sm_120 kernel: b"],
         "4 FlashInfer AOT modules (3 with GPU code; SASS sm_100, sm_120)",
     )
-    assert aot_problems(out, [100], "/x")[0] == ["1 of 4 FlashInfer AOT modules carry no sm_100 kernel: a"]
+    assert aot_problems(out, [100], "/x", "FlashInfer")[0] == [
+        "1 of 4 FlashInfer AOT modules carry no sm_100 kernel: a"
+    ]
 
 
 def test_aot_problems_when_the_image_has_none() -> None:
-    assert aot_problems("", [120], "/x") == (
+    assert aot_problems("", [120], "/x", "FlashInfer") == (
         ["no FlashInfer AOT modules in /x: the first start would JIT-compile them"],
         "",
     )
@@ -259,7 +261,8 @@ def test_smoke_reads_the_aot_modules_inside_a_real_image(docker_client: Any, tmp
     from stackbuild.image import smoke
 
     stack = load_stack("cuda13", root=ROOT)
-    where = aot_dir(stack)
+    build = aot_builds(stack)["flashinfer"]
+    where = build.dir
     mods = {"norm": container((2, 120)), "sm100_only": container((2, 100)), "host": b""}
     for name, blob in mods.items():
         (tmp_path / "aot" / name).mkdir(parents=True)
@@ -269,10 +272,10 @@ def test_smoke_reads_the_aot_modules_inside_a_real_image(docker_client: Any, tmp
     docker_client.images.build(path=str(tmp_path), tag=tag, network_mode="none", rm=True)
     try:
         done: list[str] = []
-        problems = smoke._aot_check(docker_client, tag, stack, done)
+        problems = smoke._aot_check(docker_client, tag, stack, build, done)
         assert problems == ["1 of 3 FlashInfer AOT modules carry no sm_120 kernel: sm100_only"]
         done = []
-        assert smoke._aot_check(docker_client, TESTHOST_IMAGE, stack, done) == [
+        assert smoke._aot_check(docker_client, TESTHOST_IMAGE, stack, build, done) == [
             f"no FlashInfer AOT modules in {where}: the first start would JIT-compile them"
         ]
     finally:
@@ -280,16 +283,16 @@ def test_smoke_reads_the_aot_modules_inside_a_real_image(docker_client: Any, tmp
 
 
 def test_a_changed_build_script_is_a_new_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from stackbuild.spec.lock import render_ctx
+    from stackbuild.render import lockctx
 
     stack = load_stack("cuda13", root=ROOT)
     h0 = render_stack(stack).content_hash
     for name in ("flashinfer_aot.py", "verify_image.py"):
         shutil.copytree(ROOT / "templates", tmp_path / name)
         (tmp_path / name / name).write_text((ROOT / "templates" / name).read_text() + "# changed\n")
-        monkeypatch.setattr(render_ctx, "templates_dir", lambda d=tmp_path / name: d)
+        monkeypatch.setattr(lockctx, "templates_dir", lambda d=tmp_path / name: d)
         assert render_stack(stack).content_hash != h0, name
-    monkeypatch.setattr(render_ctx, "templates_dir", lambda: ROOT / "templates")
+    monkeypatch.setattr(lockctx, "templates_dir", lambda: ROOT / "templates")
     assert render_stack(stack).content_hash == h0
 
 

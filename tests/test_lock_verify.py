@@ -265,3 +265,22 @@ def test_a_small_real_lock_installs_and_verifies(tmp_path: Path) -> None:
         "sglang's parser: not checked (sglang is built from source, not in the lock)",
     ]
     assert said == report.lines
+
+
+def test_the_cli_hands_verify_the_stacks_own_inputs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From the committed cuda13 lock: its sglang pin (looked up by the component table's distribution
+    name), the CUDA its torch carries, the image's verifier and exactly the unit's server arguments."""
+    from stackbuild.render.stack import launch_args
+    from stackbuild.spec.load import load_stack
+
+    seen: list[verify.Inputs] = []
+    monkeypatch.setattr(verify, "verify", lambda inp, **kw: seen.append(inp))
+    root = templates_dir().parent
+    rc, err, _ = run_cli(capsys, "--root", str(root), "lock", "cuda13", "--verify")
+    assert (rc, err) == (0, [])
+    [inp] = seen
+    assert (inp.label, inp.sglang, inp.torch_cuda) == ("cuda13", "0.5.23", "13.0")
+    assert inp.verify_script == (templates_dir() / "verify_image.py").read_text()
+    assert inp.server_args == launch_args(load_stack("cuda13", root=root))

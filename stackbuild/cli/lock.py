@@ -160,10 +160,11 @@ def _check(ctx: click.Context, names: tuple[str, ...], variant: str | None) -> N
 
 
 def _verify(spec: Stack, python: str | None, keep: bool, venv: Path | None) -> None:
-    from stackbuild.paths import templates_dir
+    from stackbuild.render.lockctx import verify_script
     from stackbuild.render.stack import launch_args
+    from stackbuild.spec.components import dist_of
     from stackbuild.spec.lock import check, verify
-    from stackbuild.spec.lock.render_ctx import torch_cuda
+    from stackbuild.spec.lock.locked import torch_cuda
     from stackbuild.spec.lock.target import target_of
 
     t = target_of(spec)
@@ -176,10 +177,10 @@ def _verify(spec: Stack, python: str | None, keep: bool, venv: Path | None) -> N
         python=spec.python,
         lock=lock,
         target=t,
-        verify_script=(templates_dir() / "verify_image.py").read_text(encoding="utf-8"),
+        verify_script=verify_script(),
         torch_cuda=torch_cuda(spec, lock.text),
         server_args=launch_args(spec),
-        sglang=lock.entries["sglang"].version if "sglang" in lock.entries else None,
+        sglang=lock.entries[sg].version if (sg := dist_of("sglang")) in lock.entries else None,
     )
     t0 = time.monotonic()
     click.echo(f"verifying {spec.label}: {len(lock.entries)} locked distributions, python {spec.python}")

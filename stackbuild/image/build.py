@@ -21,7 +21,10 @@ from typing import Any
 from stackbuild.errors import InfraError, InputError
 from stackbuild.image import buildkit, context, engine
 from stackbuild.image import registry as reg
+from stackbuild.image.smoke import smoke_test
 from stackbuild.paths import cache_dir
+from stackbuild.render.stack import image_ref
+from stackbuild.spec.load import load_stack
 from stackbuild.spec.stack import Stack
 
 Echo = Callable[[str], None]
@@ -80,8 +83,6 @@ def build_stack(
 ) -> BuildResult:
     """Build (or find) the stack's image; with push, make sure the registry has it too."""
     if isinstance(stack, str):
-        from stackbuild.spec.load import load_stack
-
         stack = load_stack(stack, root=root, variant=variant)
     target = registry or stack.host.registry
     if target:
@@ -139,8 +140,6 @@ def _plan(
     push: bool,
     dry_run: bool = False,
 ) -> Plan:
-    from stackbuild.render.stack import image_ref
-
     rendered = context.rendered_for_image(stack)
     ctx = context.assemble(rendered.files, tmp / "context", python=stack.python)
     if c is not None and stack.base_image.startswith("local/") and engine.image_attrs(c, stack.base_image) is None:
@@ -239,8 +238,6 @@ def _execute(plan: Plan, c: Any, *, push: bool, echo: Echo) -> BuildResult:
         image_id = (plan.request.iidfile.read_text().strip() if plan.request.iidfile else "") or str(
             c.images.get(partial).id
         )
-        from stackbuild.image.smoke import smoke_test
-
         for line in smoke_test(c, partial, plan.stack):
             echo(f"smoke: {line}")
         engine.tag(c, image_id, plan.ref)
@@ -285,6 +282,7 @@ def _progress(mode: str, echo: Echo) -> Iterator[Callable[[str], None]]:
     if mode != "tty":
         yield echo
         return
+    # rich (~60 ms to import) only where a terminal shows the bars: dry runs and piped builds never load it
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -7,13 +7,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+import tenacity
+
 from stackbuild.errors import InfraError
 
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 
 
 def client() -> Any:
-    import docker
+    import docker  # the SDK costs ~0.3 s to import: only what talks to the daemon pays for it
 
     where = os.environ.get("DOCKER_HOST", DEFAULT_SOCKET)
     try:
@@ -28,7 +30,7 @@ def client() -> Any:
 
 
 def image_attrs(c: Any, ref: str) -> dict[str, Any] | None:
-    import docker.errors
+    import docker.errors  # loads the whole SDK (~0.3 s): lazy, like client()
 
     try:
         attrs: dict[str, Any] = c.images.get(ref).attrs
@@ -48,7 +50,7 @@ def tag(c: Any, image_id: str, ref: str) -> None:
 
 
 def untag(c: Any, ref: str) -> None:
-    import docker.errors
+    import docker.errors  # loads the whole SDK (~0.3 s): lazy, like client()
 
     with suppress(docker.errors.ImageNotFound):
         c.images.remove(ref, noprune=True)
@@ -98,8 +100,6 @@ def push_once(c: Any, ref: str, auth: dict[str, str] | None) -> str:
 
 
 def push(c: Any, ref: str, *, attempts: int = 4, deadline_s: float = 600) -> str:
-    import tenacity
-
     user, pw = os.environ.get("STACKBUILD_REGISTRY_USER"), os.environ.get("STACKBUILD_REGISTRY_PASSWORD")
     auth = {"username": user, "password": pw} if user and pw else None
     retry = tenacity.Retrying(

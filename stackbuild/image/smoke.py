@@ -21,19 +21,15 @@ from stackbuild.effects.net import free_port
 from stackbuild.effects.readiness import HttpProbe, Pace, wait_ready
 from stackbuild.errors import InfraError
 from stackbuild.image import engine
+from stackbuild.render.lockctx import AotBuild, aot_builds
 from stackbuild.render.stack import launch_args, server_argv
-from stackbuild.spec.lock import verify
-from stackbuild.spec.lock.render_ctx import aot_dir, flashinfer_aot
+from stackbuild.spec.components import BY_NAME
+from stackbuild.spec.lock import fatbin, verify
+from stackbuild.spec.lock.audit import arch_name, arch_number, code_covers
+from stackbuild.spec.lock.locked import lock_text, torch_cuda
 from stackbuild.spec.lock.verify import PARSER_SCRIPT as PARSER_SCRIPT
 from stackbuild.spec.stack import Stack
 
-# component -> (distribution name, import name)
-DISTS = {
-    "torch": ("torch", "torch"),
-    "sgl_kernel": ("sglang-kernel", "sgl_kernel"),
-    "flashinfer": ("flashinfer-python", "flashinfer"),
-    "sglang": ("sglang", "sglang"),
-}
 PATCH_DIR = "/opt/stackbuild/patches"
 
 
@@ -41,14 +37,14 @@ def expected_versions(stack: Stack) -> dict[str, str]:
     """distribution -> version the image must contain (pure)."""
     if stack.server.engine == "sim":
         return {"stackbuild": __version__}
-    return {DISTS[name][0]: c.version for name, c in stack.components.items()}
+    return {BY_NAME[name].dist: c.version for name, c in stack.components.items()}
 
 
 def imports(stack: Stack, *, gpu: bool = False) -> list[str]:
     """Modules to import: the simulator's own, or the kernels only where a GPU runtime is."""
     if stack.server.engine == "sim":
         return ["stackbuild", "stackbuild.sim"]
-    return [DISTS[name][1] for name, _ in stack.components.items()] if gpu else []
+    return [BY_NAME[name].module for name, _ in stack.components.items()] if gpu else []
 
 
 def host_kernel_check_argv(stack: Stack, image: str) -> list[str] | None:
@@ -134,28 +130,25 @@ AOT_SCAN = (
 
 def aot_scan_argv(aot_dir: str) -> list[str]:
     """python -c (fatbin reader + scan) AOT_DIR: the reader is ours, stdlib only, so no pyelftools in the image."""
-    from stackbuild.spec.lock import fatbin
-
     return ["python3", "-c", inspect.getsource(fatbin) + AOT_SCAN, aot_dir]
 
 
-def aot_problems(output: str, targets: list[int], aot_dir: str) -> tuple[list[str], str]:
-    """(problems, summary) from the scan: no modules, or modules with no kernel a target GPU can run (pure)."""
-    from stackbuild.spec.lock.audit import arch_name, code_covers
-
+def aot_problems(output: str, targets: list[int], aot_dir: str, label: str) -> tuple[list[str], str]:
+    """(problems, summary) from the scan of `label`'s AOT modules: none, or some with no kernel a target GPU
+    can run (pure)."""
     mods = [json.loads(ln.removeprefix("AOTMOD ")) for ln in output.splitlines() if ln.startswith("AOTMOD ")]
     if not mods:
-        return [f"no FlashInfer AOT modules in {aot_dir}: the first start would JIT-compile them"], ""
+        return [f"no {label} AOT modules in {aot_dir}: the first start would JIT-compile them"], ""
     problems = []
     for t in targets:
         bad = [name for name, sass, ptx in mods if not code_covers(sass, ptx, t)]
         if bad:
             shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-            problems.append(f"{len(bad)} of {len(mods)} FlashInfer AOT modules carry no {arch_name(t)} kernel: {shown}")
+            problems.append(f"{len(bad)} of {len(mods)} {label} AOT modules carry no {arch_name(t)} kernel: {shown}")
     gpu = sum(1 for _, sass, ptx in mods if sass or ptx)
     have = sorted({a for _, sass, _ in mods for a in sass})
     sass = ", ".join(map(arch_name, have)) or "none"
-    summary = f"{len(mods)} FlashInfer AOT modules ({gpu} with GPU code; SASS {sass})"
+    summary = f"{len(mods)} {label} AOT modules ({gpu} with GPU code; SASS {sass})"
     return problems, summary
 
 
@@ -203,8 +196,6 @@ def smoke_test(c: Any, image: str, stack: Stack, *, gpu: bool = False) -> list[s
 
 
 def _sglang_checks(c: Any, image: str, stack: Stack, done: list[str]) -> list[str]:
-    from stackbuild.spec.lock.render_ctx import lock_text, torch_cuda
-
     problems: list[str] = []
     rc, out = engine.run_once(c, image, verify_argv(torch_cuda(stack, lock_text(stack))))
     bad = verify_problems(rc, out)
@@ -218,20 +209,17 @@ def _sglang_checks(c: Any, image: str, stack: Stack, done: list[str]) -> list[st
         problems.append(f"sglang's parser refused the rendered flags: {out.strip()[-300:]}")
     else:
         done.append(f"sglang's parser accepts {len(spec_flags(stack))} server flags")
-    if flashinfer_aot(stack):
-        problems += _aot_check(c, image, stack, done)
+    for build in aot_builds(stack).values():
+        problems += _aot_check(c, image, stack, build, done)
     return problems
 
 
-def _aot_check(c: Any, image: str, stack: Stack, done: list[str]) -> list[str]:
-    from stackbuild.spec.lock.audit import arch_number
-
-    where = aot_dir(stack)
-    rc, out = engine.run_once(c, image, aot_scan_argv(where))
+def _aot_check(c: Any, image: str, stack: Stack, build: AotBuild, done: list[str]) -> list[str]:
+    rc, out = engine.run_once(c, image, aot_scan_argv(build.dir))
     if rc != 0:
-        return [f"reading the FlashInfer AOT modules failed: {out.strip()[-300:]}"]
+        return [f"reading the {build.label} AOT modules failed: {out.strip()[-300:]}"]
     targets = [n for a in stack.arches if (n := arch_number(a)) is not None]
-    problems, summary = aot_problems(out, targets, where)
+    problems, summary = aot_problems(out, targets, build.dir, build.label)
     done += [] if problems else [summary]
     return problems
 

@@ -21,8 +21,10 @@ from typing import Any
 import jinja2
 
 from stackbuild.paths import templates_dir
+from stackbuild.render import lockctx
+from stackbuild.spec.components import aot_arches
 from stackbuild.spec.kinds import control_chars
-from stackbuild.spec.lock import render_ctx as lockctx
+from stackbuild.spec.lock.locked import digest as lock_digest
 from stackbuild.spec.stack import Stack
 
 HASH_LEN = 12
@@ -192,9 +194,8 @@ def _lock(stack: Stack, content_hash: str) -> dict[str, Any]:
             entry.update(repo=c.source.repo, ref=c.source.ref, env=dict(sorted(c.source.env.items())))
         elif c.index:
             entry["index"] = c.index
-        aot = getattr(c, "aot", None)
-        if aot is not None:
-            entry["aot"] = list(aot.arches)
+        if aot := aot_arches(c):
+            entry["aot"] = list(aot)
         comps[name] = entry
     return {
         "stack": stack.name,
@@ -253,7 +254,7 @@ def render_stack(stack: Stack, inputs: Mapping[str, str] | None = None) -> Rende
         h.update(p.sha256.encode())
     h.update(json.dumps(_lock(stack, ""), sort_keys=True).encode())
     if resolved:  # the resolved closure: a new resolution is a new image
-        h.update(lockctx.digest(stack).encode())
+        h.update(lock_digest(stack).encode())
         # and the scripts the image runs while it is built (verifier, AOT driver): a new script is a new image
         for rel, text in sorted(lockctx.files(stack).items()):
             if rel != "requirements.lock":

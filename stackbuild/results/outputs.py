@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stackbuild.errors import InputError
+from stackbuild.results.ledger import Ledger
 
 
 def check_writable(path: Path, flag: str) -> None:
@@ -24,7 +25,5 @@ def check_writable(path: Path, flag: str) -> None:
 
 def check_ledger(path: Path) -> None:
     """Open (and migrate) the ledger now, so a corrupt or unwritable one stops a deploy before the host."""
-    from stackbuild.results.ledger import Ledger
-
     with Ledger(path):
         pass

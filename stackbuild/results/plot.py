@@ -21,6 +21,7 @@ def series_id(config: str) -> str:
 
 def plot_group(group: Group, base: Path) -> list[Path]:
     """Write `base`.svg and `base`.png; return their paths."""
+    # matplotlib is the optional `plot` extra and costs ~0.5 s to import: only a plot pays for it
     import matplotlib
 
     matplotlib.use("Agg")

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stackbuild.results.ledger import Ledger
+from stackbuild.results.plot import plot_group
 from stackbuild.results.report import build_report, render_markdown
 
 
@@ -31,8 +32,6 @@ def write_report(ledger: Ledger, out: Path, *, plot: bool = True, note: Callable
     plot_name = None
     if plot and report.groups and report.groups[0].cells:
         try:
-            from stackbuild.results.plot import plot_group
-
             paths = plot_group(report.groups[0], out.with_name(out.stem + "-throughput"))
             plot_name = next(p.name for p in paths if p.suffix == ".svg")
         except ImportError:  # matplotlib is the optional `plot` extra: the report still lands

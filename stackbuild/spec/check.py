@@ -10,7 +10,9 @@ from stackbuild.errors import Finding
 from stackbuild.paths import cache_dir
 from stackbuild.spec import patches as patchmod
 from stackbuild.spec import sglang
+from stackbuild.spec.gateway_check import check_gateway
 from stackbuild.spec.load import positions
+from stackbuild.spec.lock.check import check_lock
 from stackbuild.spec.rules import check_rules
 from stackbuild.spec.stack import Stack
 from stackbuild.spec.yamlpos import Pos
@@ -124,9 +126,6 @@ def check_patches(stack: Stack, *, offline: bool) -> list[Finding]:
 
 
 def check_stack(stack: Stack, *, offline: bool = False) -> list[Finding]:
-    from stackbuild.spec.gateway_check import check_gateway
-    from stackbuild.spec.lock.check import check_lock
-
     findings = check_rules(stack) + check_flags(stack, offline=offline) + check_patches(stack, offline=offline)
     findings += check_lock(stack) + check_gateway(stack)
     return sorted(findings, key=lambda f: (f.path, f.line, f.col))

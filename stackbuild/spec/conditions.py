@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from stackbuild.spec.components import aot_arches, dist_of
 from stackbuild.spec.facts import (
     ARCH_MIN_CUDA,
     CMAKE_OPTION_PREFIXES,
-    COMPONENT_DIST,
     FLASHINFER_PURE_FROM,
     FUSION_GATES,
     FUSION_SM120,
@@ -25,6 +25,7 @@ from stackbuild.spec.facts import (
     TORCH_CUDA_WHEELS,
 )
 from stackbuild.spec.facts import driver_floor as driver_floor  # re-exported: preflight checks the same floor
+from stackbuild.spec.lock.target import DISTROS, distro_of
 from stackbuild.spec.patches import changes
 from stackbuild.spec.sglang import env_bool, known_table
 from stackbuild.spec.stack import Stack
@@ -50,7 +51,7 @@ def flag_on(stack: Stack, name: str) -> bool:
 
 
 def source_env(stack: Stack, comp: str, key: str) -> tuple[str | None, tuple[str | int, ...]]:
-    c = getattr(stack.components, comp)
+    c = stack.components.get(comp)
     if c is None or c.source is None:
         return None, ()
     return c.source.env.get(key), ("components", comp, "source", "env", key)
@@ -111,8 +112,7 @@ def fi_arch(s: Stack) -> Iterator[Hit]:
 
 
 def fi_aot(s: Stack) -> tuple[str, ...]:
-    c = s.components.flashinfer
-    return c.aot.arches if c is not None and c.aot is not None else ()
+    return aot_arches(s.components.get("flashinfer"))
 
 
 def aot_arch_for(arch: str, cuda_mm: tuple[int, int] | None) -> str | None:
@@ -136,8 +136,8 @@ def fi_aot_cover(s: Stack) -> Iterator[Hit]:
 
 
 def fi_aot_build(s: Stack) -> Iterator[Hit]:
-    c = s.components.flashinfer
-    if c is None or c.aot is None:
+    c = s.components.get("flashinfer")
+    if c is None or not aot_arches(c):
         return
     if c.source is not None:
         yield ("components", "flashinfer", "aot"), {"why": "it compiles the locked wheel's sources: drop source:"}
@@ -147,7 +147,7 @@ def fi_aot_build(s: Stack) -> Iterator[Hit]:
 
 
 def torch_wheel(s: Stack) -> Iterator[Hit]:
-    t = s.components.torch
+    t = s.components.get("torch")
     if t is None or t.source is not None:
         return
     tag = cu_tag(t.index)
@@ -160,7 +160,7 @@ def torch_wheel(s: Stack) -> Iterator[Hit]:
 
 
 def torch_index_cuda(s: Stack) -> Iterator[Hit]:
-    t = s.components.torch
+    t = s.components.get("torch")
     tag = cu_tag(t.index if t else None)
     if t and tag and s.cuda_mm and tag[:4] != f"cu{s.cuda_mm[0]}":
         want = torch_tag_for(t.version, s.cuda_mm)
@@ -182,17 +182,17 @@ def pins(s: Stack) -> Iterator[Hit]:
     if v is None:
         return
     pins = release_pins(v, s.root)
-    for comp, dist in COMPONENT_DIST.items():
-        c = getattr(s.components, comp)
-        want = pins.get(dist)
-        if c is not None and want and c.version != want:
+    for comp, c in s.components.items():
+        want = pins.get(dist_of(comp))
+        if want and c.version != want:
             yield ("components", comp, "version"), {"comp": comp, "have": c.version, "want": want, "sglang": v}
 
 
 def release_pins(version: str, root: Path | None = None) -> dict[str, str]:
     """The release's own Requires-Dist pins: from its committed or cached table, else the facts table."""
     known = known_table(version, root)
-    return (known.requires if known is not None else None) or SGLANG_PINS.get(version, {})
+    facts = {dist_of(n): v for n, v in SGLANG_PINS.get(version, {}).items()}
+    return (known.requires if known is not None else None) or facts
 
 
 def sglang_cuda13(s: Stack) -> Iterator[Hit]:
@@ -210,8 +210,6 @@ def sglang_cuda13(s: Stack) -> Iterator[Hit]:
 
 
 def python_distro(s: Stack) -> Iterator[Hit]:
-    from stackbuild.spec.lock.target import DISTROS, distro_of
-
     d = distro_of(s.base_image)
     if s.server.engine == "sglang" and d and s.python not in DISTROS[d].pythons:
         yield ("python",), {"python": s.python, "distro": d, "have": ", ".join(DISTROS[d].pythons)}
@@ -242,7 +240,7 @@ def cmake_env(s: Stack) -> Iterator[Hit]:
 
 
 def flashinfer_noop(s: Stack) -> Iterator[Hit]:
-    c = s.components.flashinfer
+    c = s.components.get("flashinfer")
     if c is not None and c.source is not None and ver(c.version) >= FLASHINFER_PURE_FROM:
         yield ("components", "flashinfer", "source"), {"version": c.version}
 

@@ -22,12 +22,11 @@ TORCH_CUDA_WHEELS: dict[tuple[int, int], frozenset[str]] = {
     (2, 14): frozenset({"cu126", "cu130", "cu132"}),
 }
 
-# What each sglang release pins (Requires-Dist of its wheel); used when the
-# release's own metadata is not at hand (offline, no cache).
+# What each sglang release pins (Requires-Dist of its wheel), by component (the table names each one's
+# distribution); used when the release's own metadata is not at hand (offline, no cache).
 SGLANG_PINS: dict[str, dict[str, str]] = {
-    "0.5.23": {"torch": "2.14.1", "sglang-kernel": "0.4.10", "flashinfer-python": "0.7.2"},
+    "0.5.23": {"torch": "2.14.1", "sgl_kernel": "0.4.10", "flashinfer": "0.7.2"},
 }
-COMPONENT_DIST = {"torch": "torch", "sgl_kernel": "sglang-kernel", "flashinfer": "flashinfer-python"}
 
 # The first sglang whose closure is CUDA 13: from 0.5.11 every release requires cuda-python>=13.0
 # (Requires-Dist of each wheel on PyPI); 0.5.10.post1 pins cuda-python==12.9, torch==2.9.1.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from stackbuild.errors import Finding
+from stackbuild.errors import Finding, InputError
 from stackbuild.spec.gateway import Gateway
 from stackbuild.spec.load import positions
 from stackbuild.spec.lock import resolve
@@ -67,8 +67,6 @@ def header(t: Target, stack: Stack) -> str:
 
 def lock_gateway(stack: Stack, *, offline: bool = False) -> tuple[Path, str]:
     """Resolve smg's closure with uv (hashes for every file) -> (where it goes, its text)."""
-    from stackbuild.errors import InputError
-
     gw, path = stack.gateway, lock_path(stack)
     t = gateway_target(gw) if gw else None
     if gw is None or t is None or path is None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from stackbuild.effects import proc
 from stackbuild.errors import InfraError, InputError
 from stackbuild.paths import cache_dir, shipped_dir
+from stackbuild.spec.components import dist_of
 from stackbuild.spec.sglang_table import TABLE_FORMAT as TABLE_FORMAT
 from stackbuild.spec.sglang_table import Flag as Flag
 from stackbuild.spec.sglang_table import Table, table_from_wheel
@@ -43,7 +44,7 @@ def download_argv(version: str, dest: Path) -> list[str]:
         ":all:",
         "--disable-pip-version-check",
         "-q",
-        f"sglang=={version}",
+        f"{dist_of('sglang')}=={version}",
         "-d",
         str(dest),
     ]

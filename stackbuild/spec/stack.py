@@ -1,17 +1,18 @@
 """The stack spec's typed, frozen model: what a `Stack` holds once loaded (load.py builds it).
 
 Every value reaching a unit, a Dockerfile, a shell or a path has a kind (kinds.py)
-checked here, at the one boundary for user input.
+checked here (and in the components' models, which live with their table in
+components.py), at the one boundary for user input.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from stackbuild.spec.components import Components
 from stackbuild.spec.fleet import Fleet, FleetHost
 from stackbuild.spec.gateway import Gateway
 from stackbuild.spec.kinds import (
@@ -22,7 +23,6 @@ from stackbuild.spec.kinds import (
     AptPackage,
     CudaVersion,
     EnvName,
-    GitRef,
     Ident,
     ImageRef,
     PyVersion,
@@ -30,8 +30,6 @@ from stackbuild.spec.kinds import (
     Size,
     SshTarget,
     Text,
-    Url,
-    Version,
 )
 from stackbuild.spec.profile import GateProfile
 from stackbuild.spec.yamlpos import Located
@@ -41,57 +39,6 @@ FlagValue = str | int | float | bool | list[str | int | float] | None
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class SourceBuild(_Model):
-    repo: Url
-    ref: GitRef
-    env: dict[EnvName, str] = Field(default_factory=dict)
-    # CMake cache variables (-D NAME=VALUE), passed as pip --config-settings=cmake.define.NAME=VALUE
-    cmake: dict[EnvName, str] = Field(default_factory=dict)
-
-
-class Component(_Model):
-    """A pinned wheel (version + index) or a source build (repo, ref, env)."""
-
-    version: Version
-    index: Url | None = None
-    source: SourceBuild | None = None
-
-    @property
-    def kind(self) -> str:
-        return "source" if self.source is not None else "wheel"
-
-
-class FlashinferAot(_Model):
-    """FlashInfer's own AOT build, run in the image: kernels compiled for `arches` land where its runtime loads them."""
-
-    # flashinfer's FLASHINFER_CUDA_ARCH_LIST words: "MAJOR.MINOR" with an optional a/f suffix (12.0f)
-    arches: tuple[str, ...] = Field(min_length=1)
-
-    @field_validator("arches")
-    @classmethod
-    def _arch_words(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for a in v:
-            if not re.fullmatch(r"\d{1,2}\.\d[af]?", a):
-                raise ValueError(
-                    f"flashinfer arch '{a}' must look like '12.0f', '10.0a' or '9.0' (as in FLASHINFER_CUDA_ARCH_LIST)"
-                )
-        return v
-
-
-class FlashinferComponent(Component):
-    aot: FlashinferAot | None = None
-
-
-class Components(_Model):
-    torch: Component | None = None
-    sgl_kernel: Component | None = None
-    flashinfer: FlashinferComponent | None = None
-    sglang: Component | None = None
-
-    def items(self) -> list[tuple[str, Component]]:
-        return [(n, c) for n in ("torch", "sgl_kernel", "flashinfer", "sglang") if (c := getattr(self, n))]
 
 
 class Patch(_Model):
@@ -206,7 +153,7 @@ class Stack(_Model):
 
     @property
     def sglang_version(self) -> str | None:
-        c = self.components.sglang
+        c = self.components.get("sglang")
         return c.version if c else None
 
     @property

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from stackbuild.paths import cache_dir
 from stackbuild.spec.lock.elf import GpuCode, read_elf_path
 
 AUDIT_FORMAT = 3  # 2: fatbins from large-data sections too; 3: provides
@@ -79,8 +80,6 @@ def audit_wheel(path: Path, sha256: str, name: str | None = None) -> WheelAudit:
 
 
 def cache_file(sha256: str) -> Path:
-    from stackbuild.paths import cache_dir
-
     return cache_dir() / "audit" / f"{sha256}.json"
 
 

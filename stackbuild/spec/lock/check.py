@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stackbuild.errors import Finding
+from stackbuild.spec import sglang
+from stackbuild.spec.components import COMPONENTS, dist_of
 from stackbuild.spec.facts import driver_floor
 from stackbuild.spec.load import positions
 from stackbuild.spec.lock import audit as auditmod
 from stackbuild.spec.lock.resolve import Lock, canon, parse
-from stackbuild.spec.lock.target import DIST, Target, audit_path, build_lock_path, lock_command, lock_path, target_of
+from stackbuild.spec.lock.target import Target, audit_path, build_lock_path, lock_command, lock_path, target_of
 from stackbuild.spec.stack import Stack
 
 _CU_SUFFIX = re.compile(r"-cu(\d{2})$")
@@ -58,7 +60,7 @@ class Where:
 def _component_pos(stack: Stack, lock: Lock, dist: str) -> tuple[Where, str]:
     """Where the component that brought `dist` in is declared, and its name for the message."""
     loc = positions(stack)
-    tops = {DIST[n]: n for n, _ in stack.components.items()}
+    tops = {dist_of(n): n for n, _ in stack.components.items()}
     roots = lock.roots(dist, set(tops))
     comp = tops[roots[0]] if roots else None
     path: tuple[str, ...] = ("components", comp) if comp else ("components",)
@@ -131,8 +133,6 @@ def build_tools_fresh(stack: Stack, t: Target | None) -> list[Finding]:
 def current(stack: Stack) -> list[Finding]:
     """`lock --check`, offline: the committed lock, its audit, its build tools and the release's flag
     table all still answer the spec's inputs."""
-    from stackbuild.spec import sglang
-
     t = target_of(stack)
     lock = read_lock(stack) if t is not None else None
     out = freshness(stack, t, lock) or build_tools_fresh(stack, t)
@@ -195,7 +195,7 @@ def audit_findings(stack: Stack, lock: Lock, audits: dict[str, auditmod.WheelAud
     want = stack.cuda_mm[0] if stack.cuda_mm else None
     targets = [(a, n) for a in stack.arches if (n := auditmod.arch_number(a)) is not None]
     shipped = {lib for a in audits.values() for lib in a.provides}
-    components = set(DIST.values())
+    components = {e.dist for e in COMPONENTS}
     for name, a in sorted(audits.items()):
         e = lock.entries.get(canon(name))
         if e is None or a.sha256 not in e.hashes:

@@ -9,20 +9,11 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from stackbuild.spec.components import BY_NAME, dist_of
+from stackbuild.spec.load import load_stack
 from stackbuild.spec.stack import Stack
 
 PYPI = "https://pypi.org/simple"
-
-# component -> distribution name on the index (sglang's own Requires-Dist spelling)
-DIST = {"torch": "torch", "sgl_kernel": "sglang-kernel", "flashinfer": "flashinfer-python", "sglang": "sglang"}
-
-# What a component's source stage installs before its --no-build-isolation build: the build backend its
-# pyproject [build-system].requires names (sgl-kernel: scikit-build-core + CMake); setuptools otherwise.
-# `stackbuild lock` hash-pins them with their dependencies into STACK.build-tools.txt.
-BUILD_TOOLS: dict[str, tuple[str, ...]] = {
-    "sgl_kernel": ("scikit-build-core==0.11.5", "cmake==3.31.6"),
-}
-DEFAULT_BUILD_TOOLS = ("setuptools==75.6.0",)
 
 
 @dataclass(frozen=True)
@@ -96,11 +87,11 @@ def target_of(stack: Stack) -> Target | None:
     comps = stack.components.items()
     if stack.server.engine != "sglang" or not comps or plat is None:
         return None
-    reqs = tuple(f"{DIST[n]}=={c.version}" for n, c in comps)
-    built = tuple(f"{DIST[n]}=={c.version}" for n, c in comps if c.source is not None)
+    reqs = tuple(f"{dist_of(n)}=={c.version}" for n, c in comps)
+    built = tuple(f"{dist_of(n)}=={c.version}" for n, c in comps if c.source is not None)
     extra = tuple(sorted({c.index for _, c in comps if c.index and c.source is None}))
-    sources = tuple((DIST[n], c.source.repo, c.source.ref) for n, c in comps if c.source is not None)
-    tools = sorted({t for n, c in comps if c.source is not None for t in BUILD_TOOLS.get(n, DEFAULT_BUILD_TOOLS)})
+    sources = tuple((dist_of(n), c.source.repo, c.source.ref) for n, c in comps if c.source is not None)
+    tools = sorted({t for n, c in comps if c.source is not None for t in BY_NAME[n].build_tools})
     return Target(
         python=stack.python,
         platform=plat,
@@ -126,8 +117,6 @@ def own_lock(stack: Stack) -> bool:
 @functools.lru_cache(maxsize=64)
 def _base_target(source: Path, root: Path, _mtime_ns: int, _size: int) -> Target | None:
     """The stack's own target, loaded once per file version (validate asks for every variant)."""
-    from stackbuild.spec.load import load_stack
-
     return target_of(load_stack(source, root=root))
 
 

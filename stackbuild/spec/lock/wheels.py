@@ -20,6 +20,7 @@ from packaging.tags import Tag
 from packaging.utils import parse_wheel_filename
 
 from stackbuild.errors import InfraError
+from stackbuild.paths import cache_dir
 from stackbuild.spec.lock.resolve import Entry
 from stackbuild.spec.lock.target import Target
 
@@ -38,8 +39,6 @@ class WheelFile:
 
 
 def cache_root() -> Path:
-    from stackbuild.paths import cache_dir
-
     return cache_dir() / "wheels"
 
 
