@@ -173,15 +173,10 @@ def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) ->
 
 def _plan(ctx: click.Context, profile: Any, ledger: Path | None, *, stored: bool,
           name: str) -> str:
-    from stackbuild.gate.plan import noise_from, plan_text
-    from stackbuild.results.ledger import Ledger, default_ledger_path
+    from stackbuild.results.ledger import default_ledger_path, gate_plan
 
     path = ledger or default_ledger_path((ctx.obj or {}).get("root") or Path.cwd())
-    results = []
-    if path.exists():
-        with Ledger(path) as db:
-            results = [r.result for r in db.gate_runs()]
-    return plan_text(profile, noise_from(results, profile), stored=stored, name=name)
+    return gate_plan(profile, path, stored=stored, name=name)
 
 
 def _record(ledger: Path, result: Any) -> None:

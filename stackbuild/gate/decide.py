@@ -38,7 +38,8 @@ def design_for(profile: GateProfile, *, paired: bool) -> Design:
     alpha = (1.0 - profile.confidence) / 2.0
     family = max(1, len(profile.required_levels()))
     return Design(paired=paired, first=wl.runs, last=wl.max_runs, alpha_pass=alpha,
-                  alpha_fail=alpha / family, drift=0.0 if paired else profile.session_drift)
+                  alpha_fail=alpha / family, drift=0.0 if paired else profile.session_drift,
+                  correlation=profile.run_correlation)
 
 
 def level_summary(concurrency: int, runs: list[RunMetrics]) -> LevelResult:

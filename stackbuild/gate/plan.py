@@ -18,6 +18,7 @@ import random
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 
 from stackbuild.gate.result import GateResult
 from stackbuild.gate.simulate import Noise, trial
@@ -41,6 +42,9 @@ class NoiseSeen:
     levels: dict[int, LevelNoise]
     drift: float | None  # session-to-session sd of log tok/s, None when not measurable
     results: int  # results of this workload it comes from
+    # lag-1 autocorrelation of successive runs (of the paired differences where the incumbent
+    # ran live, else of the candidate's runs), pooled; None below 20 pairs of runs
+    correlation: float | None = None
 
 
 def _log_sd(xs: list[float]) -> tuple[float, int]:
@@ -61,6 +65,7 @@ def noise_from(results: Iterable[GateResult], profile: GateProfile) -> NoiseSeen
     secs: dict[int, list[float]] = defaultdict(list)
     rates: dict[int, list[float]] = defaultdict(list)
     medians: dict[tuple[str, str, int], list[tuple[float, int]]] = defaultdict(list)
+    lag = [0.0, 0.0, 0]  # sum of products of successive deviations, sum of squares, pairs
     for r in mine:
         host = ",".join(f"{k}={r.host.get(k, '')}" for k in ("gpu_model", "gpu_count", "driver"))
         for lv in r.levels:
@@ -68,6 +73,8 @@ def noise_from(results: Iterable[GateResult], profile: GateProfile) -> NoiseSeen
                 s, d = _log_sd(xs)
                 ss[lv.concurrency] += s
                 df[lv.concurrency] += d
+            _lag1([x.output_tok_s for x in lv.runs],
+                  list(lv.baseline_runs_tok_s) if lv.paired else [], lag)
             secs[lv.concurrency] += [x.duration_s for x in lv.runs]
             rates[lv.concurrency] += [x.output_tok_s for x in lv.runs]
             if lv.runs and lv.median_output_tok_s > 0:
@@ -87,7 +94,21 @@ def noise_from(results: Iterable[GateResult], profile: GateProfile) -> NoiseSeen
             between += sum((m - mean) ** 2 for m, _ in ms) - (len(ms) - 1) * within
             pairs += len(ms) - 1
     drift = math.sqrt(max(0.0, between / pairs)) if pairs else None
-    return NoiseSeen(levels=levels, drift=drift, results=len(mine))
+    corr = lag[0] / lag[1] if lag[2] >= 20 and lag[1] > 0 else None
+    return NoiseSeen(levels=levels, drift=drift, results=len(mine), correlation=corr)
+
+
+def _lag1(cand: list[float], inc: list[float], acc: list[float]) -> None:
+    """Add one level's successive-run products to `acc` (the differences when paired)."""
+    xs = [math.log(c / i) for c, i in zip(cand, inc, strict=False)] if inc else \
+        [math.log(c) for c in cand if c > 0]
+    if len(xs) < 3:
+        return
+    m = sum(xs) / len(xs)
+    dev = [x - m for x in xs]
+    acc[0] += sum(a * b for a, b in pairwise(dev))
+    acc[1] += sum(d * d for d in dev)
+    acc[2] += len(xs) - 1
 
 
 @dataclass(frozen=True)
@@ -160,10 +181,11 @@ def _dur(s: float) -> str:
     return f"{s / 3600:.1f} h" if s >= 5400 else f"{s / 60:.0f} min" if s >= 90 else f"{s:.0f} s"
 
 
-def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str = "") -> str:
+def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str = "",
+              trials: int = 200) -> str:
     """What the gate will take, in lines a person reads before starting it."""
     wl = profile.workload()
-    levels = expected_runs(profile, noise, stored=stored)
+    levels = expected_runs(profile, noise, stored=stored, trials=trials)
     how = "against a stored baseline (swap)" if stored else "against a live incumbent, alternating"
     src = (f"the noise {noise.results} earlier results of this workload showed" if noise.results
            else f"no earlier result of this workload: an assumed {ASSUMED_SIGMA:.0%} spread a run")
@@ -178,6 +200,9 @@ def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str
                      f"~{lp.bar_runs:.1f}; {run}")
     lines.append(f"  an equal build passes {levels[0].equal_pass:.0%} of the time at this noise"
                  + (f"; session drift seen {noise.drift:.1%}" if noise.drift is not None else ""))
+    if noise.correlation is not None and noise.correlation > profile.run_correlation + 0.1:
+        lines.append(f"  successive runs were correlated {noise.correlation:.2f} (the profile assumes "
+                     f"{profile.run_correlation:g}): set run_correlation to keep the stated errors")
     est = phases(profile, noise, levels, stored=stored)
     said = ", ".join(f"{k} {'?' if v is None else _dur(v)}" for k, v in est.items())
     known = [v for v in est.values() if v is not None]

@@ -1,9 +1,10 @@
 """run_gate: measure a candidate (and a live incumbent), decide per level, apply bars and probe.
 
-With a live incumbent the two are measured in alternation (incumbent run, then
-candidate run) so slow drifts of the machine hit both alike, and compared run by run
-(stackbuild.gate.sequential). Every phase (readiness, warmup, levels, probe, agreement,
-capacity) runs within the whole gate's deadline: what it cuts fails with that cause.
+With a live incumbent the two are measured in alternation, in ABBA order (incumbent then
+candidate, then candidate then incumbent, ...) so slow drifts of the machine hit both alike
+and a steady trend favours neither, and compared run by run (stackbuild.gate.sequential).
+Every phase (readiness, warmup, levels, probe, agreement, capacity) runs within the whole
+gate's deadline: what it cuts fails with that cause.
 """
 
 from __future__ import annotations
@@ -203,7 +204,14 @@ async def run_gate_async(
         done: list[RunMetrics] = []
 
         async def take(i: int, c: int = c) -> tuple[RunMetrics, RunMetrics | None]:
-            theirs = await _measure(inc_url, wl, c, i, "incumbent", emit) if inc_url else None
+            # ABBA: the incumbent first in even pairs, the candidate first in odd ones, so a
+            # machine that warms up or slows down over the gate favours neither side
+            if inc_url is None:
+                return await _measure(url, wl, c, i, "candidate", emit), None
+            if i % 2:
+                mine = await _measure(url, wl, c, i, "candidate", emit)
+                return mine, await _measure(inc_url, wl, c, i, "incumbent", emit)
+            theirs = await _measure(inc_url, wl, c, i, "incumbent", emit)
             return await _measure(url, wl, c, i, "candidate", emit), theirs
 
         stored_runs = [r.output_tok_s for r in stored.runs] if stored is not None else None

@@ -200,6 +200,9 @@ class Design:
     alpha_pass: float = 0.025
     alpha_fail: float = 0.025  # per level: the family's alpha over the required levels
     drift: float = 0.0  # session-to-session drift (log-scale sd), stored baselines only
+    # lag-1 autocorrelation of a side's successive runs the boundary allows for (AR(1));
+    # 0: runs independent
+    correlation: float = 0.0
 
     def looks(self) -> range:
         return range(self.first, self.last + 1)
@@ -236,22 +239,32 @@ def _nominal_t(design: Design, stored_runs: int, alpha: float) -> tuple[float, .
 CALIBRATION_PATHS = 40000
 
 
+def _ar1(rng: random.Random, n: int, rho: float) -> list[float]:
+    """n standard normal draws, each correlated rho with the one before (stationary AR(1))."""
+    out, e, keep = [], rng.gauss(0.0, 1.0), math.sqrt(1.0 - rho * rho)
+    for _ in range(n):
+        out.append(e)
+        e = rho * e + keep * rng.gauss(0.0, 1.0)
+    return out
+
+
 @lru_cache(maxsize=16)
-def _null_paths(paired: bool, first: int, last: int, stored_runs: int) -> tuple[tuple[float, ...], ...]:
+def _null_paths(paired: bool, first: int, last: int, stored_runs: int,
+                rho: float = 0.0) -> tuple[tuple[float, ...], ...]:
     """The t statistic at each look (n = first..last) of seeded simulated runs under the null
-    (the true ratio on the bar), for paired or stored runs at equal spreads."""
-    rng = random.Random(20260101 + 97 * first + last + 7919 * stored_runs + (1 << 20) * paired)
+    (the true ratio on the bar), for paired or stored runs at equal spreads, the runs of each
+    side autocorrelated rho (the paired differences then are too)."""
+    rng = random.Random(f"{first}:{last}:{stored_runs}:{paired}:{rho}")
     m = max(1, stored_runs)
     paths = []
     for _ in range(CALIBRATION_PATHS):
         base_mean, base_var = 0.0, -1.0
         if not paired:
-            base_mean, base_var = _mean_var([rng.gauss(0.0, 1.0) for _ in range(m)])
+            base_mean, base_var = _mean_var(_ar1(rng, m, rho))
             base_var = base_var if m >= 2 else -1.0
         s = ss = 0.0
         ts = []
-        for n in range(1, last + 1):
-            x = rng.gauss(0.0, 1.0)
+        for n, x in enumerate(_ar1(rng, last, rho), start=1):
             s += x
             ss += x * x
             if n < first:
@@ -282,7 +295,9 @@ def _criticals(design: Design, stored_runs: int, alpha: float, side: int = 1) ->
     nominal = _nominal_t(design, stored_runs, alpha)
     if design.df(design.first, stored_runs) < 1:
         return nominal
-    paths = _null_paths(design.paired, design.first, design.last, stored_runs)
+    # with correlated runs the boundary is sized on AR(1) paths; the nominal t levels stay the
+    # starting point and the factor lambda carries the whole correction
+    paths = _null_paths(design.paired, design.first, design.last, stored_runs, design.correlation)
     worst = sorted(max(side * t / c for t, c in zip(ts, nominal, strict=True)) for ts in paths)
     lam = worst[min(len(worst) - 1, math.ceil((1.0 - alpha) * len(worst)))]
     return tuple(c * max(1.0, lam) for c in nominal)
@@ -302,8 +317,8 @@ class Look:
 def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
     """Mean and sample variance (0 for one value); floats, not statistics' exact fractions."""
     n = len(xs)
-    mean = math.fsum(xs) / n
-    return mean, (math.fsum((x - mean) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0)
+    mean = sum(xs) / n
+    return mean, (sum((x - mean) * (x - mean) for x in xs) / (n - 1) if n > 1 else 0.0)
 
 
 def estimate(cand: Sequence[float], inc: Sequence[float], design: Design) -> tuple[float, float, float]:

@@ -35,26 +35,34 @@ _P = Percentiles()
 class Noise:
     name: str
     sigma: Mapping[int, float]  # level -> sd of log tok/s per run, each side
-    ar: float = 0.0
+    ar: Mapping[int, float] = field(default_factory=dict)  # level -> lag-1 autocorrelation
     shared: float = 0.0
     walk: float = 0.0
     session: float = 0.0
     about: str = ""
 
     def at(self, c: int) -> float:
-        if c in self.sigma:
-            return self.sigma[c]
-        near = min(self.sigma, key=lambda k: abs(math.log(k) - math.log(c)))
-        return self.sigma[near]
+        return _near(self.sigma, c)
+
+    def rho(self, c: int) -> float:
+        return _near(self.ar, c) if self.ar else 0.0
+
+
+def _near(by_level: Mapping[int, float], c: int) -> float:
+    """The value at level c, else at the nearest level in log C."""
+    if c in by_level:
+        return by_level[c]
+    return by_level[min(by_level, key=lambda k: abs(math.log(k) - math.log(c)))]
 
 
 # The simulator's spread over live HTTP, measured on this 2-core machine while other work
-# ran on it: two identical `stackbuild sim` processes, the gate at C=8 and 32 (64 in / 64
-# out), 30 interleaved runs a side: sd of log(cand_i / inc_i) 1.91% at C=8, 1.61% at C=32
-# (so 1.35% and 1.14% a side), lag-1 autocorrelation of the differences 0.32 and 0.04, of
-# each side's own runs 0.28-0.38 (the simulator's 2 s drift epochs outlast a 1.2 s run).
-SIM_NOISE = Noise("sim", {8: 0.0135, 32: 0.0114}, ar=0.3,
-                  about="simulator over HTTP, measured (30 paired runs at C=8, 32)")
+# ran on it: two identical `stackbuild sim` processes, the gate at 64 in / 64 out, runs
+# alternating: sd of log(cand_i / inc_i) 2.15% at C=8 (60 runs a side), 1.61% at C=32 (30);
+# so 1.5% and 1.14% a side. Lag-1 autocorrelation of the differences 0.40 at C=8 (0.32 and
+# 0.39 in two shorter series), 0.04 at C=32: the simulator's drift epochs (2 s of its own
+# busy time) outlast a 1.2 s run at C=8, not a 3 s one at C=32.
+SIM_NOISE = Noise("sim", {8: 0.015, 32: 0.0114}, ar={8: 0.4, 32: 0.04},
+                  about="simulator over HTTP, measured (60 and 30 paired runs at C=8, 32)")
 # The users' own: 10 runs of 2048 tokens at C=1 ranged 87.5-103.5 tok/s, mean 96.1
 # (/work/shared/data/seed-results.json); sd of the log from the range, log(103.5/87.5) /
 # 3.078 (the expected range of 10 normal draws in sds) = 5.4%.
@@ -87,9 +95,10 @@ class _Session:
         n = self.noise
         self.walk += self.rng.gauss(0.0, n.walk / math.sqrt(2.0))
         own = math.sqrt(max(0.0, 1.0 - n.shared)) * n.at(c)
-        prev = self.state.get(side, self.rng.gauss(0.0, own))
-        e = n.ar * prev + math.sqrt(1.0 - n.ar * n.ar) * self.rng.gauss(0.0, own)
-        self.state[side] = e
+        rho = n.rho(c)
+        prev = self.state.get(f"{side}{c}", self.rng.gauss(0.0, own))
+        e = rho * prev + math.sqrt(1.0 - rho * rho) * self.rng.gauss(0.0, own)
+        self.state[f"{side}{c}"] = e
         return mean * math.exp(self.offset + self.walk + common + e)
 
     def common(self, c: int) -> float:
@@ -130,8 +139,20 @@ def trial(profile: GateProfile, noise: Noise, ratios: Mapping[int, float], *, st
 
         async def take(i: int, c: int = c) -> tuple[RunMetrics, RunMetrics | None]:
             common = now.common(c)
-            theirs = None if stored else run_metrics(c, i, now.draw(c, base, common, "inc"))
-            return run_metrics(c, i, now.draw(c, base * ratios[c], common, "cand")), theirs
+
+            def inc() -> RunMetrics:
+                return run_metrics(c, i, now.draw(c, base, common, "inc"))
+
+            def cand() -> RunMetrics:
+                return run_metrics(c, i, now.draw(c, base * ratios[c], common, "cand"))
+
+            if stored:
+                return cand(), None
+            if i % 2:  # the live gate's ABBA order (stackbuild.gate.runner)
+                mine = cand()
+                return mine, inc()
+            theirs = inc()
+            return cand(), theirs
 
         levels.append(drive(run_level(c, take, profile, design, kept)))
     return Trial(overall(levels, [], None, compared=True), tuple(levels))

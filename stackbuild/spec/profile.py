@@ -126,6 +126,9 @@ class GateProfile(BaseModel):
     # to the comparison's variance), and the age past which the deploy re-measures the
     # incumbent before it stops it
     session_drift: float = Field(default=0.01, ge=0, lt=1)
+    # lag-1 autocorrelation of a server's successive runs the test allows for (0: runs are
+    # independent); `gate --plan` shows what the ledger's runs had
+    run_correlation: float = Field(default=0.0, ge=0, lt=0.9)
     baseline_max_age_s: float = Field(default=7 * 86400.0, gt=0)
     # runs a gate with nothing to compare takes (it may become a stored baseline); None: runs
     reference_runs: int | None = Field(default=None, ge=1)
