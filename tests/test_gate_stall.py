@@ -37,9 +37,12 @@ def test_stalled_stream_fails_as_stalled(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_gate_deadline_fails_the_level_with_the_cause(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with sim("--speed", "20") as inc, sim("--speed", "20", "--fault", "stall-stream") as cand:
+        t0 = time.monotonic()
         rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, *ARGS, "--stall-timeout", "500",
                    "--deadline", "3", "--json", str(tmp_path / "r.json")])
+        took = time.monotonic() - t0
     assert rc == 1, capsys.readouterr()
+    assert took < 3 + 5  # the deadline bounds the gate (the stall alone would hold it 500 s)
     result = json.loads((tmp_path / "r.json").read_text())
     (lv,) = result["levels"]
     assert lv["verdict"] == "fail"

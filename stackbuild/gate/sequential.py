@@ -14,15 +14,20 @@ by the recursive numerical integration of Armitage, McPherson & Rowe (1969, J. R
 A 132:235-244); with the variance estimated from 2..15 runs the statistic is Student t, so
 each look uses the boundary's nominal significance level on the t distribution of its degrees
 of freedom (the "significance level approach" for unknown variance, Jennison & Turnbull 2000,
-Group Sequential Methods with Applications to Clinical Trials, section 3.8). Each side's
-boundary is computed as if the other did not stop the test (non-binding), so neither error
-exceeds its alpha; bench/gate_calibration.py measures both at the run counts the gate uses.
+Group Sequential Methods with Applications to Clinical Trials, ch. 3). At 3..15 runs that
+approach crosses a little more often than alpha (2.7-2.9% for 2.5%, measured), so each
+boundary is then scaled by one factor >= 1 found on seeded simulated null paths (the t
+sequence under the null is free of the unknown spread), which makes its size alpha up to
+simulation error; with `run_correlation` > 0 the null paths are AR(1). Each side's boundary
+is computed as if the other did not stop the test (non-binding), so neither error exceeds
+its alpha; bench/gate_calibration.py measures both at the run counts the gate uses.
 
 The statistic is paired when the incumbent runs in alternation with the candidate (run i of
-each: d_i = log(cand_i / inc_i), df = n - 1), and Welch's two-sample t when the incumbent's
-runs are stored from an earlier session; then the session-to-session drift (a standard
-deviation on the log scale) is added to the variance, as a component with unbounded degrees
-of freedom in the Welch-Satterthwaite sum.
+each: d_i = log(cand_i / inc_i), df = n - 1), and a two-sample t with unpooled variances
+(Welch's) when the incumbent's runs are stored from an earlier session, on the conservative
+min(n, m) - 1 degrees of freedom (Scheffe 1970, J. Amer. Statist. Assoc. 65:1501-1508);
+then the session-to-session drift (a standard deviation on the log scale) is added to the
+variance as a known component.
 
 The interval reported at a look, [ratio * exp(-c_pass * se), ratio * exp(c_fail * se)], is
 the repeated confidence interval of the two tests (Jennison & Turnbull 2000, ch. 9): the
