@@ -138,3 +138,17 @@ def test_the_deploy_dry_run_prints_the_gate_plan(tmp_path: Path) -> None:
     (plan,) = [s for s in said if s.startswith("gate plan")]
     assert "runs 6..16 a level, against a stored baseline (swap)" in plan
     assert "never more than the deadline" in plan
+
+
+def test_the_summary_names_the_baseline_and_its_age() -> None:
+    from stackbuild.gate.formats import baseline_text, markdown_summary
+
+    res = _result("cand", "2026-11-02T00:00:00+00:00", [100.0], [400.0]).model_copy(update={
+        "baseline_name": "incumbent sim", "baseline_source": "stored",
+        "baseline_measured_at": "2026-11-01T00:00:00+00:00", "baseline_age_s": 172800.0,
+        "session_drift": 0.01, "margin": 0.02})
+    assert baseline_text(res) == ("stored result incumbent sim of 2026-11-01T00:00:00+00:00, 2.0 d old; "
+                                  "session drift 1.0% in the intervals")
+    assert "· margin 2% ·" in markdown_summary(res)
+    live = res.model_copy(update={"baseline_source": "live", "baseline_name": "http://127.0.0.1:2"})
+    assert baseline_text(live) == "live http://127.0.0.1:2 (runs alternating, compared pairwise)"
