@@ -110,7 +110,8 @@ class GateProfile(BaseModel):
     deadline_s: float | None = Field(default=None, gt=0)
     # before measuring: port open, /health 200 and one generation within this long
     ready_timeout_s: float = Field(default=10.0, gt=0)
-    # relative slack: pass when the CI lower bound of candidate/incumbent >= 1 - tolerance
+    # relative slack: a level passes when the low end of its interval of candidate/incumbent
+    # clears 1 - tolerance (stackbuild.gate.sequential)
     tolerance: float = Field(default=0.05, ge=0, lt=1)
     # "must not lose" (a tolerance of 0) means "does not lose more than this": the smallest
     # loss worth stopping a release for (docs/gate.md: derived from the measured noise)
