@@ -35,18 +35,18 @@ def _bench() -> ModuleType:
 
 def test_the_harness_at_the_bar_and_for_equal_builds() -> None:
     """A small run, seed 7: the users' noise at the bar (stated errors 2.5% each; bound 2.5%
-    + 2.5 binomial sds at 300 trials) and above it, an equal build on the simulator's noise.
+    + 2.5 binomial sds at 300 trials) and 2% above it, an equal build on the simulator's noise.
     The full run (2000 trials a cell, every model) is in docs/gate.md."""
     bench = _bench()
     lines: list[str] = []
-    out = bench.main(["--trials", "300", "--models", "users,sim", "--cells", "bar,bar+5%,equal",
+    out = bench.main(["--trials", "300", "--models", "users,sim", "--cells", "bar,equal",
                       "--jobs", "1", "--seed", "7"], echo=lines.append)
     assert out["false_fail"] <= 0.047 and out["false_pass"] <= 0.047, lines
     assert out["equal_pass"] >= 0.7, lines
     assert lines[-1].startswith("gate_calibration: false_fail=") and "runs_p95=" in lines[-1]
     table = [ln.split() for ln in lines if ln.startswith("users ")]
-    assert [row[-7] for row in table] == ["bar", "bar+5%", "equal"]
-    assert all(float(row[-4]) <= 0.025 for row in table[1:]), table  # above the bar: few fails
+    assert [row[-7] for row in table] == ["bar", "equal"]
+    assert float(table[1][-4]) <= 0.025, table  # equal, 2% above the bar: few fails
 
 
 def test_the_loop_stops_when_it_can_decide_and_never_past_max_runs() -> None:

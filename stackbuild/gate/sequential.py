@@ -229,6 +229,7 @@ class Design:
 
     def critical(self, n: int, stored_runs: int) -> tuple[float, float]:
         """(c_pass, c_fail): the t critical values at the look after n candidate runs."""
+        stored_runs = 0 if self.paired else stored_runs  # paired: one boundary whatever the count
         k = min(max(n, self.first), self.last) - self.first
         return (_criticals(self, stored_runs, self.alpha_pass, 1)[k],
                 _criticals(self, stored_runs, self.alpha_fail, -1)[k])
