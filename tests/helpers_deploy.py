@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,9 @@ def sim_stack() -> Stack:
     return load_stack("sim", root=ROOT)
 
 
+NOW = datetime.now(UTC).isoformat(timespec="seconds")
+
+
 def profile(stack: Stack | None = None) -> GateProfile:
     return (stack or sim_stack()).gate.profiles["quick"]
 
@@ -51,7 +55,8 @@ def profile(stack: Stack | None = None) -> GateProfile:
 def gate_result(verdict: str, bars: tuple[str, ...] = (), probe_ok: bool = True, *, name: str = "c",
                 fingerprint: str = "f", reasons: tuple[str, ...] = (), host: dict[str, str] | None = None
                 ) -> GateResult:
-    return GateResult(name=name, url="u", started_at="t", finished_at="t", workload=Workload(),
+    # stamped now: a stored baseline older than the profile's bound is measured again
+    return GateResult(name=name, url="u", started_at=NOW, finished_at=NOW, workload=Workload(),
                       fingerprint=fingerprint, levels=(), verdict=verdict,  # type: ignore[arg-type]
                       bars=bars, probe=ProbeResult(passed=probe_ok), reasons=reasons, host=host or {})
 

@@ -161,8 +161,8 @@ def test_users_policy_passes_topk1_v2_and_fails_topk4_v1() -> None:
         good = run_gate(k1.url, c8, name="eagle3-topk1-v2", baseline_url=inc.url)
         bad = run_gate(k4.url, c8, name="eagle3-topk4-v1", baseline_url=inc.url)
     assert good.verdict == "pass", good.reasons
-    assert good.levels[0].explanation.endswith("must not lose: pass")
-    assert bad.verdict == "fail" and bad.levels[0].explanation.endswith("must not lose: fail")
+    assert good.levels[0].explanation.endswith("must not lose (margin 2%): pass")
+    assert bad.verdict == "fail" and bad.levels[0].explanation.endswith("must not lose (margin 2%): fail")
 
 
 def test_agreement_fails_a_drifting_candidate_live_and_stored(tmp_path: Path) -> None:
@@ -223,4 +223,8 @@ def test_capacity_under_an_slo_matches_the_model_within_one_step() -> None:
                      expected_tpot_ms(profile, c, 32, 128, speed) <= slo_ms), default=0)
         assert abs(GRID.index(side.concurrency) - GRID.index(model)) <= 1, (side, model)
         assert side.runs <= 5 and side.goodput_tok_s > 0
+        # an interval around it, from the requests' bootstrap
+        assert side.concurrency_low is not None and side.concurrency_high is not None
+        assert side.concurrency_low <= side.concurrency <= side.concurrency_high
+        assert side.goodput_low is not None and side.goodput_low <= side.goodput_tok_s
     assert res.capacity.goodput_ratio is not None

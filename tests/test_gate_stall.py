@@ -37,9 +37,12 @@ def test_stalled_stream_fails_as_stalled(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_gate_deadline_fails_the_level_with_the_cause(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with sim("--speed", "20") as inc, sim("--speed", "20", "--fault", "stall-stream") as cand:
+        t0 = time.monotonic()
         rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, *ARGS, "--stall-timeout", "500",
                    "--deadline", "3", "--json", str(tmp_path / "r.json")])
+        took = time.monotonic() - t0
     assert rc == 1, capsys.readouterr()
+    assert took < 3 + 5  # the deadline bounds the gate (the stall alone would hold it 500 s)
     result = json.loads((tmp_path / "r.json").read_text())
     (lv,) = result["levels"]
     assert lv["verdict"] == "fail"
@@ -56,7 +59,10 @@ def test_unwritable_junit_refused_before_measuring(tmp_path: Path, capsys: pytes
 def test_derived_deadline_is_the_workloads_worst_case() -> None:
     p = GateProfile(concurrency=(1, 8), runs=3, max_runs=6, warmup=2, timeout_s=60.0,
                     probe_prompts=("a", "b", "c"), ready_timeout_s=10.0)
-    # 6 runs x 2 sides x (1 + 1 rounds) x 60 s + warmup 2 x 1 round x 60 s + probe 2 x 3 x 60 s + 2 x 10 s
-    assert p.gate_deadline_s() == 1440 + 120 + 360 + 20
+    # 6 runs x 2 sides x (1 + 1 rounds) x 60 s + warmup 2 x 1 round x 60 s + probe 2 x 3 x 60 s + 2 x 10 s,
+    # agreement: 3 passes x 32 prompts / 8 at a time x 60 s; capacity: 2 sides x 6 steps x 32 rounds x 60 s
+    assert p.phase_bounds_s() == {"ready": 20, "warmup": 120, "levels": 1440, "probe": 360, "agreement": 720}
+    assert p.gate_deadline_s() == 1440 + 120 + 360 + 20 + 720
+    assert p.with_overrides(slo={"itl_p99_ms": 50}).phase_bounds_s()["capacity"] == 2 * 6 * 32 * 60
     assert p.with_overrides(deadline_s=90).gate_deadline_s() == 90
     assert BUILTIN_PROFILES["quick"].workload().stall_timeout_s == 10.0

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from stackbuild.errors import InputError
+from stackbuild.gate.decide import bar_violations, judge_level, level_summary, overall
 from stackbuild.gate.formats import junit_xml, markdown_summary, read_json, write_json
 from stackbuild.gate.loadgen import RequestRecord, prompt_ids, request_body, summarize
 from stackbuild.gate.probe import check_outputs, problems
 from stackbuild.gate.result import GateResult, Percentiles, RunMetrics, Workload
-from stackbuild.gate.runner import _check_baseline, bar_violations, judge_level, level_summary, overall
-from stackbuild.gate.stats import bootstrap_ratio_ci, compare, percentile, percentiles
+from stackbuild.gate.runner import _check_baseline
+from stackbuild.gate.sequential import Design, look, obf_spent, t_isf, t_sf, z_boundaries
+from stackbuild.gate.stats import bootstrap_ratio_ci, percentile, percentiles
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 
 
@@ -32,14 +35,68 @@ def test_bootstrap_identical_samples_give_a_point_interval() -> None:
         bootstrap_ratio_ci([1.0], [0.0])
 
 
-@pytest.mark.parametrize(("cand", "tol", "want"), [
-    ([110.0, 111.0, 109.0], 0.05, "pass"),   # clearly faster
-    ([80.0, 81.0, 79.0], 0.05, "fail"),      # clearly slower
-    ([97.0, 98.0, 96.0], 0.05, "pass"),      # slower but within tolerance
-    ([90.0, 105.0, 97.0], 0.0, "undecided"),  # straddles the bar
+def test_obf_boundaries_match_the_published_ones() -> None:
+    """Lan-DeMets O'Brien-Fleming spending, 5 equally spaced looks, one-sided alpha 0.025:
+    4.877, 3.357, 2.680, 2.290, 2.031 (gsDesign's sfLDOF; Jennison & Turnbull 2000, ch. 7)."""
+    got = z_boundaries(tuple(k / 5 for k in range(1, 6)), 0.025)
+    assert [round(b, 3) for b in got] == [4.877, 3.357, 2.680, 2.290, 2.031]
+    assert z_boundaries((1.0,), 0.025)[0] == pytest.approx(1.959964, abs=1e-5)
+    assert obf_spent(1.0, 0.025) == pytest.approx(0.025)
+    assert obf_spent(0.5, 0.025) == pytest.approx(0.001525, abs=1e-5)
+
+
+@pytest.mark.parametrize(("p", "df", "want"), [
+    (0.025, 2, 4.302653), (0.025, 5, 2.570582), (0.005, 1, 63.65674), (0.025, 10, 2.228139),
+    (0.05, 30, 1.697261), (0.025, math.inf, 1.959964),
 ])
-def test_compare_decisions(cand: list[float], tol: float, want: str) -> None:
-    assert compare(cand, [100.0, 100.5, 99.5], tolerance=tol).decision == want
+def test_student_t_quantiles_match_the_tables(p: float, df: float, want: float) -> None:
+    assert t_isf(p, df) == pytest.approx(want, rel=1e-5)
+    assert t_sf(want, df) == pytest.approx(p, rel=1e-4)
+
+
+ONE = Design(paired=False, first=3, last=3)  # one look: a fixed-sample test
+
+
+@pytest.mark.parametrize(("cand", "bar", "design", "want"), [
+    ([110.0, 111.0, 109.0], 0.95, ONE, "pass"),   # clearly faster
+    ([80.0, 81.0, 79.0], 0.95, ONE, "fail"),      # clearly slower
+    ([98.0, 98.5, 97.5], 0.95, ONE, "pass"),      # slower but well within the bar
+    ([97.0, 98.0, 96.0], 0.95, ONE, "undecided"),  # within it, but 3 runs (df 2) cannot say so
+    ([90.0, 105.0, 97.0], 0.98, ONE, "undecided"),  # straddles the bar
+    # paired: run i against run i; the machine's swings cancel
+    ([95.1, 100.2, 104.9], 0.98, Design(paired=True, first=3, last=3), "pass"),
+    ([95.1, 100.2, 104.9], 0.98, ONE, "undecided"),
+])
+def test_look_decisions(cand: list[float], bar: float, design: Design, want: str) -> None:
+    inc = [95.0, 100.0, 105.0] if design.paired or cand[0] == 95.1 else [100.0, 100.5, 99.5]
+    got = look(cand, inc, bar, design)
+    assert got.decision == want
+    assert got.low <= got.ratio <= got.high
+
+
+def test_early_looks_are_strict_and_the_last_near_a_fixed_test() -> None:
+    """O'Brien-Fleming spending: the first of four looks spends almost nothing, the last
+    nearly all of alpha (its t boundary a little above the fixed-sample 2.571 at df 5)."""
+    d = Design(paired=True, first=3, last=6)
+    first, last = d.critical(3, 0), d.critical(6, 0)
+    assert first[0] > 15 and 2.571 < last[0] < 3.0
+    assert Design(paired=True, first=3, last=3).critical(3, 0)[0] == pytest.approx(4.302653, rel=1e-4)
+
+
+def test_identical_runs_give_a_point_interval_and_one_run_none() -> None:
+    lk = look([10.0] * 3, [10.0] * 3, 0.98, ONE)
+    assert (lk.ratio, lk.low, lk.high, lk.decision) == (1.0, 1.0, 1.0, "pass")
+    assert look([9.0], [10.0], 0.98, ONE).decision == "undecided"
+    with pytest.raises(ValueError):
+        look([1.0], [0.0], 1.0, ONE)
+
+
+def test_drift_widens_a_stored_comparison() -> None:
+    runs = ([101.0, 101.5, 100.5, 101.2], [100.0, 100.4, 99.6, 100.1])
+    tight = look(*runs, 0.98, Design(paired=False, first=4, last=4))
+    wide = look(*runs, 0.98, Design(paired=False, first=4, last=4, drift=0.01))
+    assert tight.decision == "pass" and wide.decision == "undecided"
+    assert wide.low < tight.low and wide.high > tight.high and wide.ratio == tight.ratio
 
 
 def _run(tok_s: float, failed: int = 0, ttft_p99: float = 10.0, index: int = 0) -> RunMetrics:
@@ -51,16 +108,18 @@ def _run(tok_s: float, failed: int = 0, ttft_p99: float = 10.0, index: int = 0) 
 
 
 def test_judge_level_and_overall() -> None:
-    prof = GateProfile(tolerance=0.05)
+    prof = GateProfile(tolerance=0.05, runs=3, max_runs=3)
     fast = level_summary(1, [_run(110), _run(111), _run(112)])
     assert fast.median_output_tok_s == 111
-    lv = judge_level(fast, [100.0, 100.0, 100.0], prof, final=False)
-    assert (lv.verdict, lv.ratio) == ("pass", 1.11)
+    lv = judge_level(fast, [100.0, 100.0, 100.0], prof, final=True)
+    assert lv.verdict == "pass" and lv.ratio == pytest.approx((110 * 111 * 112) ** (1 / 3) / 100)
+    assert lv.paired is False and lv.ci_confidence == pytest.approx(0.9625)  # 2.5% + 2.5%/2 levels
     failing = judge_level(level_summary(1, [_run(120, failed=1)]), [100.0], prof, final=True)
     assert failing.verdict == "fail" and "1 failed requests" in failing.reasons[0]
     unsure = judge_level(level_summary(1, [_run(90), _run(105)]), [100.0, 101.0],
                          prof.with_overrides(tolerance=0.0), final=True)
     assert unsure.verdict == "inconclusive" and "cannot tell after 2 runs" in unsure.reasons[0]
+    assert "must not lose (margin 2%)" in unsure.reasons[0]
     lying = level_summary(1, [_run(120).model_copy(update={"token_count_mismatches": 2})])
     lied = judge_level(lying, [100.0], prof, final=True)
     assert lied.verdict == "fail" and "disagree with what it streamed" in lied.reasons[0]
@@ -133,8 +192,8 @@ def test_summarize_counts_only_completed_tokens() -> None:
 
 def _result(verdict: str = "fail") -> GateResult:
     wl = BUILTIN_PROFILES["quick"].workload()
-    lv = judge_level(level_summary(1, [_run(80), _run(81)]), [100.0, 100.0], GateProfile(),
-                     final=True)
+    lv = judge_level(level_summary(1, [_run(80), _run(81), _run(80.5)]), [100.0, 100.0, 100.5],
+                     GateProfile(runs=3, max_runs=3), final=True)
     return GateResult(name="cand", url="http://127.0.0.1:1", started_at="t0", finished_at="t1",
                       workload=wl, fingerprint=wl.fingerprint(), levels=(lv,),
                       verdict=verdict, reasons=lv.reasons)  # type: ignore[arg-type]
@@ -147,7 +206,7 @@ def test_writers_round_trip_and_render(tmp_path: Path) -> None:
     suite = ET.fromstring(junit_xml(r).split("\n", 1)[1])
     assert suite.get("failures") == "1" and suite.find("testcase/failure") is not None
     md = markdown_summary(r)
-    assert "**FAIL**" in md and "| 1 | 2 | 80.5 | 100.0 | 0.805 |" in md
+    assert "**FAIL**" in md and "| 1 | 3 | 80.5 | 100.0 | 0.804 |" in md
     (tmp_path / "junk.json").write_text("{}")
     with pytest.raises(InputError, match="not a gate result"):
         read_json(tmp_path / "junk.json")
@@ -162,7 +221,8 @@ def test_baseline_with_another_workload_is_refused() -> None:
 
 def test_profile_overrides_validate() -> None:
     p = BUILTIN_PROFILES["users"]
-    assert p.workload().runs == 10 and p.concurrency == (1, 30, 250)
+    assert (p.workload().runs, p.workload().max_runs, p.reference_runs) == (5, 15, 10)
+    assert p.concurrency == (1, 30, 250)
     q = p.with_overrides(runs=3, concurrency=(250, 1), tolerance=None)
     assert q.runs == 3 and q.concurrency == (1, 250) and q.tolerance == p.tolerance
     with pytest.raises(ValueError):
@@ -180,7 +240,8 @@ def test_live_progress_renders_the_events() -> None:
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=120, color_system=None)
-    lv = judge_level(level_summary(1, [_run(110)]), [100.0], GateProfile(), final=True)
+    lv = judge_level(level_summary(1, [_run(110), _run(110)]), [100.0, 100.0],
+                     GateProfile(runs=2, max_runs=2, session_drift=0), final=True)
     with LiveProgress(console) as prog:
         prog("start", {"name": "cand", "url": "http://127.0.0.1:1"})
         prog("level", {"concurrency": 1})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from stackbuild.cli.main import main
 from stackbuild.gate.checks import traffic_verdict
-from stackbuild.gate.runner import judge_level, level_summary
+from stackbuild.gate.decide import judge_level, level_summary, overall
 from stackbuild.gate.traffic import (
     in_flight,
     nearest_level,
@@ -52,29 +53,54 @@ def test_weights_map_samples_to_the_nearest_level_in_log_space() -> None:
     assert weights([], (1,)) == ({}, 1.0) and weights([0, 0], (1,)) == ({}, 1.0)
 
 
-def test_weighted_change_and_its_ci() -> None:
-    per = {1: ([93.0, 93.0, 93.0], [100.0, 100.0, 100.0]),
-           8: ([150.0, 150.0, 150.0], [100.0, 100.0, 100.0])}
+def test_weighted_change_weights_ratios_by_time_share() -> None:
+    """The change over time: each level's ratio times its share of time, not its tok/s. At
+    C=1 (75% of the time) -7%, at C=8 +50%: +7.25% (weighted by tok/s, with C=8 serving 4x
+    the tokens, it would read +25.6%)."""
+    per = {1: (math.log(0.93), 0.0, 5.0), 8: (math.log(1.5), 0.0, 5.0)}
     change, lo, hi = weighted_change(per, {1: 0.75, 8: 0.25})
-    assert change == pytest.approx((0.75 * 93 + 0.25 * 150) / 100 - 1) and lo == hi == change
+    assert change == pytest.approx(0.75 * 0.93 + 0.25 * 1.5 - 1) and lo == hi == change
     with pytest.raises(ValueError, match="no measured level"):
         weighted_change(per, {30: 1.0})
-    noisy = {1: ([90.0, 95.0, 100.0], [99.0, 100.0, 101.0])}
-    c, lo, hi = weighted_change(noisy, {1: 1.0})
-    assert lo < c < hi
+    # one level, se 1% on the log, df 4: the t interval
+    c, lo, hi = weighted_change({1: (0.0, 0.01, 4.0)}, {1: 1.0})
+    assert c == 0.0 and hi == pytest.approx(2.776445 * 0.01, rel=1e-4) and lo == -hi
+
+
+def _judged(prof: GateProfile, cand1: float, cand8: float) -> list:  # type: ignore[type-arg]
+    from test_gate_stats import _run
+
+    return [judge_level(level_summary(c, [_run(x), _run(x * 1.002), _run(x * 0.998)]),
+                        [inc, inc * 1.001, inc * 0.999], prof, final=True)
+            for c, x, inc in ((1, cand1, 100.0), (8, cand8, 400.0))]
 
 
 def test_traffic_verdict_from_judged_levels() -> None:
-    from test_gate_stats import _run
-
-    prof = GateProfile(concurrency=(1, 8), traffic={1: 3.0, 8: 1.0, 30: 5.0})
-    c1 = judge_level(level_summary(1, [_run(93.0), _run(93.0)]), [100.0, 100.0], prof, final=True)
-    c8 = judge_level(level_summary(8, [_run(150.0), _run(150.0)]), [100.0, 100.0], prof,
-                     final=True)
-    tr = traffic_verdict([c1, c8], prof)
+    prof = GateProfile(concurrency=(1, 8), traffic={1: 3.0, 8: 1.0, 30: 5.0}, runs=3, max_runs=3,
+                       session_drift=0.0)
+    tr = traffic_verdict(_judged(prof, 93.0, 600.0), prof)
     assert tr is not None and tr.weights == {1: 0.75, 8: 0.25}  # C=30 was not measured
-    assert tr.change == pytest.approx(0.0725)  # (0.75*93 + 0.25*150) / 100 - 1
-    assert traffic_verdict([c1], GateProfile()) is None
+    assert tr.change == pytest.approx(0.75 * 0.93 + 0.25 * 1.5 - 1, abs=1e-4)
+    assert tr.ci_low < tr.change < tr.ci_high and tr.verdict is None  # levels decide
+    assert traffic_verdict(_judged(prof, 93.0, 600.0)[:1], GateProfile()) is None
+
+
+def test_traffic_decides_when_asked() -> None:
+    prof = GateProfile(concurrency=(1, 8), traffic={1: 0.75, 8: 0.25}, runs=3, max_runs=3,
+                       session_drift=0.0, tolerance=0.0, decide_on="traffic")
+    levels = _judged(prof, 93.0, 600.0)  # C=1 loses 7%: it would fail "must not lose"
+    assert [lv.verdict for lv in levels] == ["fail", "pass"] and not any(lv.required for lv in levels)
+    tr = traffic_verdict(levels, prof)
+    assert tr is not None and tr.verdict == "pass" and tr.bar == 0.98
+    assert tr.explanation.startswith("on traffic (C=1 75%, C=8 25%): expected +7.2% (95% CI ")
+    assert tr.explanation.endswith("must not lose (margin 2%): pass")
+    assert overall(levels, [], None, compared=True, traffic=tr, traffic_decides=True) == "pass"
+    # mostly at C=1 now: the loss there decides
+    slow = prof.with_overrides(traffic={1: 0.95, 8: 0.05})
+    tr2 = traffic_verdict(levels, slow)
+    assert tr2 is not None and tr2.verdict == "fail"
+    assert overall(levels, [], None, compared=True, traffic=tr2, traffic_decides=True) == "fail"
+    assert overall(levels, [], None, compared=True, traffic=None, traffic_decides=True) == "inconclusive"
 
 
 @pytest.mark.integration

@@ -32,7 +32,7 @@ def test_split_pinned() -> None:
 def test_gate_profile_lookup() -> None:
     stack = load_stack("sim", root=ROOT)
     assert gate_profile(stack, None) == stack.gate.profiles["quick"]
-    assert gate_profile(stack, "users").runs == 10  # builtin
+    assert gate_profile(stack, "users").runs == 5  # builtin
     with pytest.raises(InputError, match="not a gate profile"):
         gate_profile(stack, "nope")
 

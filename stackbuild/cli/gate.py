@@ -174,6 +174,14 @@ def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) ->
     return profiles[chosen]
 
 
+def _plan(ctx: click.Context, profile: Any, ledger: Path | None, *, stored: bool,
+          name: str) -> str:
+    from stackbuild.results.ledger import default_ledger_path, gate_plan
+
+    path = ledger or default_ledger_path((ctx.obj or {}).get("root") or Path.cwd())
+    return gate_plan(profile, path, stored=stored, name=name)
+
+
 def _record(ledger: Path, result: Any) -> None:
     from stackbuild.results.ledger import Ledger
     from stackbuild.results.writer import update_report
@@ -185,7 +193,7 @@ def _record(ledger: Path, result: Any) -> None:
 
 
 @click.command("gate")
-@click.option("--url", required=True, help="the candidate server, e.g. http://127.0.0.1:30000")
+@click.option("--url", help="the candidate server, e.g. http://127.0.0.1:30000 (not with --plan)")
 @click.option("--baseline", "baseline_file", type=click.Path(dir_okay=False, path_type=Path),
               help="the incumbent's stored result (a --json file of an earlier gate)")
 @click.option("--baseline-url", help="a live incumbent server, measured in alternation")
@@ -206,6 +214,15 @@ def _record(ledger: Path, result: Any) -> None:
 @click.option("--requests-per-slot", type=click.IntRange(min=1))
 @click.option("--min-requests", type=click.IntRange(min=0), help="requests per run at least")
 @click.option("--tolerance", type=click.FloatRange(0, 99), help="percent, e.g. 5")
+@click.option("--margin", type=click.FloatRange(0, 99),
+              help="percent: where a level must not lose (tolerance 0), the smallest loss that "
+                   "fails it (default 2)")
+@click.option("--decide-on", "decide_on", type=click.Choice(["levels", "traffic"]),
+              help="what decides: each required level, or the traffic-weighted change "
+                   "(needs --traffic or traffic: in the profile)")
+@click.option("--plan", "plan_only", is_flag=True,
+              help="print the expected run counts and duration at the noise the ledger has "
+                   "seen (--ledger, else the project's) and exit; measures nothing")
 @click.option("--level-tolerance", "level_tolerance", multiple=True, metavar="C=PCT",
               help="at concurrency C the candidate may lose up to PCT% (negative: must gain "
                    "-PCT%); repeatable, overrides the profile's bar at that level")
@@ -233,11 +250,12 @@ def _record(ledger: Path, result: Any) -> None:
 @click.option("--progress/--no-progress", "show_progress", default=None,
               help="live display (default: on when stderr is a terminal)")
 @click.pass_context
-def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseline_url: str | None,
-             stack: str | None, profile_name: str | None, name: str, ledger: Path | None,
-             json_out: Path | None, junit_out: Path | None, concurrency: str | None,
-             tolerance: float | None, level_tolerance: tuple[str, ...], slo: str | None,
-             traffic_file: Path | None, show_progress: bool | None, **overrides: Any) -> None:
+def gate_cmd(ctx: click.Context, /, url: str | None, baseline_file: Path | None,
+             baseline_url: str | None, stack: str | None, profile_name: str | None, name: str,
+             ledger: Path | None, json_out: Path | None, junit_out: Path | None,
+             concurrency: str | None, tolerance: float | None, margin: float | None,
+             level_tolerance: tuple[str, ...], slo: str | None, traffic_file: Path | None,
+             plan_only: bool, show_progress: bool | None, **overrides: Any) -> None:
     """Measure a server against an incumbent and decide: exit 0 pass, 1 fail, 3 inconclusive."""
     import sys
 
@@ -256,12 +274,20 @@ def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseli
         profile = profile.with_overrides(
             concurrency=_levels(concurrency),
             tolerance=None if tolerance is None else tolerance / 100.0,
+            margin=None if margin is None else margin / 100.0,
             levels=_level_bars(level_tolerance), slo=_slo(slo),
             traffic=_read_traffic(traffic_file), **overrides)
     except ValidationError as err:
         e = err.errors()[0]
         raise InputError(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}") \
             from None
+    if plan_only:
+        click.echo(_plan(ctx, profile, ledger, stored=baseline_file is not None,
+                         name=profile_name or ""))
+        return
+    if not url:
+        raise InputError("--url: missing; give the candidate server's URL, or --plan to "
+                         "only see how long the gate would take")
     baseline = read_json(baseline_file) if baseline_file else None
     live = sys.stderr.isatty() if show_progress is None else show_progress
     if live:

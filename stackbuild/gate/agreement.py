@@ -53,40 +53,19 @@ from stackbuild.gate.result import (
     TextSample,
 )
 from stackbuild.gate.stats import percentile
-from stackbuild.spec.profile import GateProfile
+from stackbuild.spec.profile import AGREEMENT_ID_PARTS, AGREEMENT_PARALLEL, AgreementSend, GateProfile
 
-PARALLEL = 8
-ID_PARTS = ("ids", "long", "busy")
+PARALLEL = AGREEMENT_PARALLEL
+ID_PARTS = AGREEMENT_ID_PARTS
+Part = AgreementSend
 
 __all__ = ["PARALLEL", "Part", "collect", "compare", "cost", "forced_body", "generate_body",
            "plan", "prefix_len", "prompts", "run", "teacher_forced"]
 
 
-@dataclass(frozen=True)
-class Part:
-    name: str  # ids | long | busy | completions | chat
-    prompts: int
-    input_len: int  # tokens; 0 for the natural-language parts
-    tokens: int  # greedy tokens per prompt
-    concurrency: int  # requests in flight
-
-
-def plan(profile: GateProfile) -> tuple[Part, ...]:
-    """What the agreement sends to each side (nothing when agreement_prompts is 0)."""
-    n, t = profile.agreement_prompts, profile.agreement_tokens
-    if n == 0:
-        return ()
-    parts = [Part("ids", n, 0, t, PARALLEL)]
-    if profile.agreement_long_prompts:
-        parts.append(Part("long", profile.agreement_long_prompts, profile.input_len,
-                          profile.output_len, min(PARALLEL, profile.agreement_long_prompts)))
-    top = max(profile.concurrency)
-    if profile.agreement_busy and top > PARALLEL:
-        parts.append(Part("busy", top, profile.input_len, t, top))
-    if profile.agreement_text_prompts:
-        for name in ("completions", "chat"):
-            parts.append(Part(name, profile.agreement_text_prompts, 0, t, PARALLEL))
-    return tuple(parts)
+def plan(profile: GateProfile) -> tuple[AgreementSend, ...]:
+    """What the agreement sends to each side (the profile's own `agreement_parts`)."""
+    return profile.agreement_parts()
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,9 @@ def _level_case(lv: LevelResult, suite: ET.Element, name: str) -> None:
     elif lv.verdict == "inconclusive":
         ET.SubElement(case, "error", message=msg or "inconclusive", type="inconclusive").text = msg
     out = ET.SubElement(case, "system-out")
-    ratio = f" ratio={lv.ratio:.4f} ci=[{lv.ci_low:.4f},{lv.ci_high:.4f}]" if lv.ratio else ""
+    ci = f" ci=[{lv.ci_low:.4f},{lv.ci_high:.4f}]" if lv.ci_low is not None and lv.ci_high is not None \
+        else ""
+    ratio = f" ratio={lv.ratio:.4f}{ci}" if lv.ratio else ""
     out.text = (f"median_output_tok_s={lv.median_output_tok_s:.2f} runs={len(lv.runs)} "
                 f"ttft_p99_ms={lv.ttft_p99_ms:.1f} failed={lv.failed_requests}{ratio}"
                 + (f"\n{lv.explanation}" if lv.explanation else ""))
@@ -108,18 +110,42 @@ def _part(p: AgreementPart) -> str:
     return f"{sent}: {', '.join(got)}: {'ok' if p.passed else 'FAILED'}"
 
 
+def age_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "age unknown"
+    for unit, n in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= n:
+            return f"{seconds / n:.1f} {unit} old"
+    return f"{seconds:.0f} s old"
+
+
+def baseline_text(result: GateResult) -> str:
+    """Which baseline the verdict rests on: "live X (alternating runs)" or "stored Y, 2.0 d old"."""
+    if result.baseline_name is None:
+        return "no baseline (a reference measurement)"
+    if result.baseline_source == "stored":
+        drift = f"; session drift {result.session_drift:.1%} in the intervals" \
+            if result.session_drift else ""
+        return (f"stored result {result.baseline_name} of {result.baseline_measured_at}, "
+                f"{age_text(result.baseline_age_s)}{drift}")
+    return f"live {result.baseline_name} (runs alternating, compared pairwise)"
+
+
 def markdown_summary(result: GateResult) -> str:
     wl = result.workload
+    margin = f" · margin {result.margin:.0%}" if result.margin else ""
+    deciding = " · traffic decides" if result.decide_on == "traffic" else ""
     head = (f"## Gate: {result.name} — **{result.verdict.upper()}**\n\n"
-            f"{result.url}" + (f" vs {result.baseline_name}" if result.baseline_name else "")
+            f"{result.url} · baseline: {baseline_text(result)}"
             + f" · {wl.api} · {wl.input_len} in / {wl.output_len} out · tolerance "
-            f"{result.tolerance:.0%} · workload {result.fingerprint}\n\n")
+            f"{result.tolerance:.0%}{margin}{deciding} · workload {result.fingerprint}\n\n")
     rows = ["| C | runs | output tok/s (median) | incumbent | ratio | CI | TTFT p99 ms "
             "| ITL p50 ms | failed | verdict |",
             "|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for lv in result.levels:
         itl = sorted(r.itl_ms.p50 for r in lv.runs)[len(lv.runs) // 2] if lv.runs else 0.0  # deadline: none
-        ci = f"[{lv.ci_low:.3f}, {lv.ci_high:.3f}]" if lv.ci_low is not None else ""
+        ci = f"[{lv.ci_low:.3f}, {lv.ci_high:.3f}]" if lv.ci_low is not None and lv.ci_high is not None \
+            else ""
         rows.append(f"| {lv.concurrency} | {len(lv.runs)} | {lv.median_output_tok_s:.1f} | "
                     f"{_f(lv.baseline_median_output_tok_s)} | {_f(lv.ratio, '.3f')} | {ci} | "
                     f"{lv.ttft_p99_ms:.0f} | {itl:.1f} | {lv.failed_requests} | {lv.verdict} |")
@@ -143,14 +169,18 @@ def markdown_summary(result: GateResult) -> str:
     elif ag is not None:
         tail.append(f"Agreement: {ag.prompts} greedy outputs recorded for later comparisons")
     tr = result.traffic
-    if tr is not None:
+    if tr is not None and tr.explanation:
+        tail.append(f"Verdict {tr.explanation}")
+    elif tr is not None:
         mix = ", ".join(f"C={c} {w:.0%}" for c, w in sorted(tr.weights.items()))
-        tail.append(f"On traffic ({mix}): expected output throughput {tr.change:+.1%} "
-                    f"({tr.confidence:.0%} CI {tr.ci_low:+.1%}..{tr.ci_high:+.1%})")
+        tail.append(f"On traffic ({mix}, shares of time): expected output throughput "
+                    f"{tr.change:+.1%} ({tr.confidence:.0%} CI {tr.ci_low:+.1%}..{tr.ci_high:+.1%})")
     cap = result.capacity
     if cap is not None:
         def side(c: CapacityResult) -> str:
-            return (f"C={c.concurrency}, goodput {c.goodput_tok_s:.1f} tok/s "
+            good = (f" [{c.goodput_low:.1f}, {c.goodput_high:.1f}]"
+                    if c.goodput_low is not None and c.goodput_high is not None else "")
+            return (f"{c.interval_text()}, goodput {c.goodput_tok_s:.1f} tok/s{good} "
                     f"({c.runs} runs: {'; '.join(c.tried)})")
         slo = ", ".join(f"{k} <= {v:g}" for k, v in cap.candidate.slo.items())
         line = f"Capacity under {slo}: candidate {side(cap.candidate)}"

@@ -56,7 +56,8 @@ class LiveProgress:
             lv = data["level"]
             row = self.rows[data["concurrency"]]
             if lv.ratio is not None:
-                row["ratio"] = f"{lv.ratio:.3f} [{lv.ci_low:.3f}, {lv.ci_high:.3f}]"
+                ci = f" [{lv.ci_low:.3f}, {lv.ci_high:.3f}]" if lv.ci_high is not None else ""
+                row["ratio"] = f"{lv.ratio:.3f}{ci}"
             row["verdict"] = lv.verdict
         elif kind == "probe":
             self.current = "probe " + ("passed" if data["probe"].passed else "FAILED")

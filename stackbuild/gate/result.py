@@ -7,6 +7,7 @@ of a later gate run. Add fields with defaults; never rename existing ones.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -71,6 +72,11 @@ class LevelResult(_Frozen):
     explanation: str = ""
     # the incumbent's runs (output tok/s) this level was compared with
     baseline_runs_tok_s: tuple[float, ...] = ()
+    # how: paired with a live incumbent's runs (True) or against stored runs (False); the
+    # interval's coverage (stackbuild.gate.sequential); the margin the bar carries
+    paired: bool | None = None
+    ci_confidence: float | None = None
+    margin: float = 0.0
 
 
 class ProbeResult(_Frozen):
@@ -154,7 +160,13 @@ class CapacityResult(_Frozen):
 
     slo: dict[str, float]
     concurrency: int  # 0: no level met the SLOs
+    # the interval: the highest level where every SLO held at the upper end of its p99's
+    # bootstrap interval, and the highest not shown broken by the lower end of one
+    concurrency_low: int | None = None
+    concurrency_high: int | None = None
     goodput_tok_s: float = 0.0  # output tok/s of the requests that met every SLO
+    goodput_low: float | None = None  # bootstrap interval over requests
+    goodput_high: float | None = None
     output_tok_s: float = 0.0
     ttft_p99_ms: float = 0.0
     itl_p99_ms: float = 0.0
@@ -162,6 +174,12 @@ class CapacityResult(_Frozen):
     next_concurrency: int | None = None  # the first level probed above it that broke an SLO
     runs: int = 0
     tried: tuple[str, ...] = ()  # "C=8: holds", "C=16: itl_p99_ms 61.2 > 50"
+
+    def interval_text(self) -> str:
+        """"C=24 (C=16..32)": the capacity and its interval."""
+        if self.concurrency_low is None or self.concurrency_high is None:
+            return f"C={self.concurrency}"
+        return f"C={self.concurrency} (C={self.concurrency_low}..{self.concurrency_high})"
 
 
 class CapacityComparison(_Frozen):
@@ -177,10 +195,14 @@ class TrafficResult(_Frozen):
     """The expected throughput change on the incumbent's measured (or declared) traffic."""
 
     weights: dict[int, float]  # concurrency level -> share of busy time
-    change: float  # sum(w * candidate) / sum(w * incumbent) - 1
+    change: float  # sum(w * candidate / incumbent) - 1: the change over time on this traffic
     ci_low: float
     ci_high: float
     confidence: float = 0.95
+    # against the profile's bar (1 - tolerance, or 1 - margin), when traffic decides
+    bar: float | None = None
+    verdict: Verdict | None = None
+    explanation: str = ""
 
 
 class GateResult(_Frozen):
@@ -195,6 +217,15 @@ class GateResult(_Frozen):
     # host facts: gpu model, driver, gpu count, sglang version, server_info bits
     host: dict[str, str] = Field(default_factory=dict)
     baseline_name: str | None = None
+    # which baseline: "live" (measured in alternation) or "stored" (an earlier session's
+    # result, finished at baseline_measured_at, baseline_age_s before this gate started),
+    # and the session drift (sd of the log) its intervals include
+    baseline_source: Literal["live", "stored"] | None = None
+    baseline_measured_at: str | None = None
+    baseline_age_s: float | None = None
+    session_drift: float | None = None
+    margin: float | None = None
+    decide_on: Literal["levels", "traffic"] = "levels"
     levels: tuple[LevelResult, ...]
     probe: ProbeResult | None = None
     agreement: AgreementResult | None = None
@@ -206,3 +237,14 @@ class GateResult(_Frozen):
 
     def level(self, concurrency: int) -> LevelResult | None:
         return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
+
+
+def age_s(baseline: GateResult, now: dt.datetime | None = None) -> float | None:
+    """Seconds since the stored baseline finished; None when its time cannot be read."""
+    try:
+        then = dt.datetime.fromisoformat(baseline.finished_at)
+    except ValueError:
+        return None
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=dt.UTC)
+    return max(0.0, ((now or dt.datetime.now(dt.UTC)) - then).total_seconds())

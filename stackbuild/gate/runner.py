@@ -1,36 +1,62 @@
 """run_gate: measure a candidate (and a live incumbent), decide per level, apply bars and probe.
 
-With a live incumbent the two are measured in alternation (incumbent run, then
-candidate run) so slow drifts of the machine hit both alike.
+With a live incumbent the two are measured in alternation, in ABBA order (incumbent then
+candidate, then candidate then incumbent, ...) so slow drifts of the machine hit both alike
+and a steady trend favours neither, and compared run by run (stackbuild.gate.sequential).
+Every phase (readiness, warmup, levels, probe, agreement, capacity) runs within the whole
+gate's deadline: what it cuts fails with that cause.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import statistics
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from stackbuild.effects import aio, http
 from stackbuild.effects.readiness import HttpProbe, wait_ready
 from stackbuild.errors import InfraError, InputError
 from stackbuild.gate import checks, loadgen
+from stackbuild.gate.decide import bar_violations, design_for, level_summary, overall, run_level
 from stackbuild.gate.probe import run_probe
 from stackbuild.gate.result import (
     AgreementResult,
+    CapacityComparison,
+    CapacityResult,
     GateResult,
     LevelResult,
     ProbeResult,
     RunMetrics,
-    Verdict,
     Workload,
+    age_s,
 )
-from stackbuild.gate.stats import allowed, compare
 from stackbuild.spec.profile import GateProfile
 
 Progress = Callable[[str, dict[str, Any]], None]
+T = TypeVar("T")
+
+
+class _Clock:
+    """The whole gate's deadline: what each phase may still take."""
+
+    def __init__(self, total_s: float) -> None:
+        self.total_s = total_s
+        self.end = time.monotonic() + total_s
+
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def cause(self) -> str:
+        return f"the gate's deadline of {self.total_s:g}s passed"
+
+    async def within(self, work: Awaitable[T]) -> T | None:
+        """`work`'s result, or None when the deadline passes first (the work is cancelled)."""
+        try:
+            return await asyncio.wait_for(work, timeout=self.left())
+        except TimeoutError:
+            return None
 
 
 def _now() -> str:
@@ -46,7 +72,7 @@ def _noop(kind: str, data: dict[str, Any]) -> None:
 # SIGTERM interrupts the gate there.
 def _reachable(url: str, what: str, deadline_s: float) -> None:
     """Port open, /health 200 and one generation, else InfraError (exit 4) naming the layer."""
-    if not http.port_open(url, 3.0):
+    if not http.port_open(url, max(0.1, min(3.0, deadline_s))):
         raise InfraError(f"{what} {url} is unreachable (connection refused or timed out); "
                          "start the server or fix --url")
     ready = wait_ready(HttpProbe(url), start_deadline_s=deadline_s)
@@ -70,111 +96,6 @@ def host_facts(url: str) -> dict[str, str]:
     if isinstance(sim, dict):
         facts.update({f"sim.{k}": str(v) for k, v in sim.items() if v is not None})
     return facts
-
-
-def level_summary(concurrency: int, runs: list[RunMetrics]) -> LevelResult:
-    return LevelResult(
-        concurrency=concurrency,
-        runs=tuple(runs),
-        median_output_tok_s=statistics.median(r.output_tok_s for r in runs),
-        median_total_tok_s=statistics.median(r.total_tok_s for r in runs),
-        ttft_p99_ms=max(r.ttft_ms.p99 for r in runs),
-        failed_requests=sum(r.failed for r in runs),
-    )
-
-
-def judge_level(
-    level: LevelResult, incumbent: list[float] | None, profile: GateProfile, *, final: bool
-) -> LevelResult:
-    """Attach the comparison and verdict; 'inconclusive' only when final (no runs left)."""
-    reasons: list[str] = []
-    verdict: Verdict = "reference"
-    fields: dict[str, Any] = {}
-    if level.failed_requests > profile.max_failed_requests:
-        errs = sorted({e for r in level.runs for e in r.errors})[:3]
-        reasons.append(f"C={level.concurrency}: {level.failed_requests} failed requests "
-                       f"(allowed {profile.max_failed_requests}): {'; '.join(errs)}")
-        verdict = "fail"
-    mismatched = sum(r.token_count_mismatches for r in level.runs)
-    if mismatched:
-        reasons.append(f"C={level.concurrency}: in {mismatched} requests the server's token "
-                       "counts disagree with what it streamed; the tok/s cannot be trusted")
-        verdict = "fail"
-    broken = verdict == "fail"
-    if incumbent:
-        inc_med = statistics.median(incumbent)
-        fields["baseline_median_output_tok_s"] = inc_med
-        fields["baseline_runs_tok_s"] = tuple(incumbent)
-        if inc_med <= 0:
-            reasons.append(f"C={level.concurrency}: the incumbent measured 0 tok/s; re-measure it")
-            verdict = "fail" if verdict == "fail" else "inconclusive"
-        else:
-            bar = profile.bar(level.concurrency)
-            cmp = compare([r.output_tok_s for r in level.runs], incumbent,
-                          tolerance=1.0 - bar, confidence=profile.confidence,
-                          seed=profile.seed + level.concurrency)
-            fields.update(ratio=cmp.ratio, ci_low=cmp.low, ci_high=cmp.high)
-            ci = f"ratio {cmp.ratio:.3f}, {profile.confidence:.0%} CI [{cmp.low:.3f}, {cmp.high:.3f}]"
-            if cmp.decision == "fail":
-                reasons.append(f"C={level.concurrency}: slower than the incumbent allows: {ci} < {bar:.3f} "
-                               f"({allowed(bar)})")
-                verdict = "fail"
-            elif cmp.decision == "undecided" and verdict != "fail":
-                verdict = "inconclusive"
-                if final:
-                    reasons.append(f"C={level.concurrency}: cannot tell after {len(level.runs)} "
-                                   f"runs: {ci} straddles {bar:.3f}; raise max_runs or tolerance")
-            elif verdict != "fail":
-                verdict = "pass"
-            fields["explanation"] = explain(level.concurrency, cmp.ratio, cmp.low, cmp.high,
-                                            bar, verdict, profile.policy(level.concurrency).required)
-    pol = profile.policy(level.concurrency)
-    # failed requests and miscounted tokens decide at every level; the ratio only where required
-    required = pol.required or broken
-    fields.update(bar=profile.bar(level.concurrency) if incumbent else None, required=required)
-    if not required:
-        reasons = [f"{r} (advisory level)" for r in reasons]
-    return level.model_copy(update={**fields, "verdict": verdict, "reasons": tuple(reasons)})
-
-
-def _pct(x: float) -> str:
-    return f"{(x - 1) * 100:+.1f}%"
-
-
-def explain(c: int, ratio: float, low: float, high: float, bar: float, verdict: Verdict,
-            required: bool) -> str:
-    """One sentence per level: "C=1 -6.4% (CI -8.1%..-4.6%), allowed -8%: pass"."""
-    word = {"inconclusive": "cannot tell yet"}.get(verdict, verdict)
-    tail = "" if required else " (advisory: does not decide the gate)"
-    return f"C={c} {_pct(ratio)} (CI {_pct(low)}..{_pct(high)}), {allowed(bar)}: {word}{tail}"
-
-
-def bar_violations(levels: list[LevelResult], profile: GateProfile) -> list[str]:
-    out = []
-    c1 = next((lv for lv in levels if lv.concurrency == 1), None)
-    if profile.min_tok_s_c1 is not None and c1 is not None \
-            and c1.median_output_tok_s < profile.min_tok_s_c1:
-        out.append(f"C=1 median {c1.median_output_tok_s:.1f} tok/s is below the bar "
-                   f"{profile.min_tok_s_c1:g} tok/s")
-    if profile.max_ttft_p99_ms is not None:
-        for lv in levels:
-            if lv.ttft_p99_ms > profile.max_ttft_p99_ms:
-                out.append(f"C={lv.concurrency}: p99 TTFT {lv.ttft_p99_ms:.0f} ms exceeds "
-                           f"{profile.max_ttft_p99_ms:g} ms")
-    return out
-
-
-def overall(levels: list[LevelResult], bars: list[str], probe: ProbeResult | None,
-            compared: bool, agreed: AgreementResult | None = None) -> Verdict:
-    deciding = [lv for lv in levels if lv.required]
-    if agreed is not None and not agreed.passed:
-        return "fail"
-    if bars or (probe is not None and not probe.passed) or any(
-            lv.verdict == "fail" for lv in deciding):
-        return "fail"
-    if any(lv.verdict == "inconclusive" for lv in deciding):
-        return "inconclusive"
-    return "pass" if compared else "reference"
 
 
 def _check_baseline(baseline: GateResult, wl: Workload) -> None:
@@ -203,46 +124,47 @@ async def _measure(url: str, wl: Workload, c: int, index: int, side: str,
 
 async def _run_level(
     c: int, url: str, inc_url: str | None, stored: LevelResult | None, wl: Workload,
-    profile: GateProfile, emit: Progress, cand: list[RunMetrics] | None = None,
+    profile: GateProfile, emit: Progress, done: list[RunMetrics] | None = None,
 ) -> LevelResult:
-    """Runs at one level until the comparison decides or max_runs is reached.
+    """One level measured over HTTP: the sequential loop (decide.run_level) with its runs taken here.
 
-    `cand` collects the candidate's runs as they finish (the deadline keeps what was measured).
+    `done` collects the candidate's runs as they finish (the deadline keeps what was measured).
     """
-    cand = [] if cand is None else cand
-    inc_runs: list[RunMetrics] = []
-    target = wl.runs
-    # failed requests past what the profile allows fail the level (judge_level): the first one
-    # decides it, so the candidate's run stops there and no more runs are measured
+    done = [] if done is None else done
     allowed = profile.max_failed_requests
-    while True:
-        while len(cand) < target and sum(r.failed for r in cand) <= allowed:
-            if inc_url:
-                inc_runs.append(await _measure(inc_url, wl, c, len(inc_runs), "incumbent", emit))
-            cand.append(await _measure(url, wl, c, len(cand), "candidate", emit,
-                                       fail_after=allowed - sum(r.failed for r in cand)))
-        incumbent = ([r.output_tok_s for r in inc_runs] if inc_url else
-                     [r.output_tok_s for r in stored.runs] if stored else None)
-        final = target >= wl.max_runs
-        lv = judge_level(level_summary(c, cand), incumbent, profile, final=final)
-        if lv.verdict != "inconclusive" or final:
-            return lv
-        target += 1
+
+    async def take(i: int) -> tuple[RunMetrics, RunMetrics | None]:
+        # failed requests past what the profile allows fail the level: the candidate's run
+        # stops at the first one over (fail fast on a stall), and run_level measures no more
+        def cand() -> Coroutine[Any, Any, RunMetrics]:
+            return _measure(url, wl, c, i, "candidate", emit,
+                            fail_after=allowed - sum(r.failed for r in done))
+        # ABBA: the incumbent first in even pairs, the candidate first in odd ones, so a
+        # machine that warms up or slows down over the gate favours neither side
+        if inc_url is None:
+            return await cand(), None
+        if i % 2:
+            mine = await cand()
+            return mine, await _measure(inc_url, wl, c, i, "incumbent", emit)
+        theirs = await _measure(inc_url, wl, c, i, "incumbent", emit)
+        return await cand(), theirs
+
+    stored_runs = [r.output_tok_s for r in stored.runs] if stored is not None else None
+    design = design_for(profile, paired=inc_url is not None)
+    return await run_level(c, take, profile, design, stored_runs, done)
 
 
-async def _level_by_deadline(c: int, deadline: float, profile: GateProfile, done: list[RunMetrics],
+async def _level_by_deadline(c: int, clock: _Clock, done: list[RunMetrics],
                              level: Coroutine[Any, Any, LevelResult]) -> LevelResult:
     """The level's result, or a failed level when the whole gate's deadline passes first."""
-    try:
-        return await asyncio.wait_for(level, timeout=max(0.0, deadline - time.monotonic()))
-    except TimeoutError:
-        cause = (f"C={c}: the gate's deadline of {profile.gate_deadline_s():g}s passed before this "
-                 f"level finished (stall timeout {profile.stall_timeout_s:g}s per request)")
-        if done:
-            lv = level_summary(c, done)
-            return lv.model_copy(update={"verdict": "fail", "reasons": (cause,)})
-        return LevelResult(concurrency=c, runs=(), median_output_tok_s=0.0, median_total_tok_s=0.0,
-                           ttft_p99_ms=0.0, failed_requests=0, verdict="fail", reasons=(cause,))
+    lv = await clock.within(level)
+    if lv is not None:
+        return lv
+    cause = f"C={c}: {clock.cause()} before this level finished"
+    if done:
+        return level_summary(c, done).model_copy(update={"verdict": "fail", "reasons": (cause,)})
+    return LevelResult(concurrency=c, runs=(), median_output_tok_s=0.0, median_total_tok_s=0.0,
+                       ttft_p99_ms=0.0, failed_requests=0, verdict="fail", reasons=(cause,))
 
 
 async def _probe(url: str, inc_url: str | None, baseline: GateResult | None,
@@ -265,6 +187,17 @@ async def _probe(url: str, inc_url: str | None, baseline: GateResult | None,
                            reference=reference, model=profile.model)
 
 
+def _cut_agreement(profile: GateProfile, cause: str) -> AgreementResult:
+    return AgreementResult(prompts=profile.agreement_prompts, tokens=profile.agreement_tokens,
+                           passed=False, reasons=(f"agreement: {cause} before it finished",))
+
+
+def _cut_capacity(profile: GateProfile, cause: str) -> CapacityComparison:
+    cand = CapacityResult(slo=profile.slo, concurrency=0, tried=(f"{cause}",))
+    return CapacityComparison(candidate=cand, passed=False,
+                              reasons=(f"capacity: {cause} before the search finished",))
+
+
 async def run_gate_async(
     url: str,
     profile: GateProfile,
@@ -276,56 +209,73 @@ async def run_gate_async(
     progress: Progress | None = None,
 ) -> GateResult:
     emit = progress or _noop
+    clock = _Clock(profile.gate_deadline_s())
     url = url.rstrip("/")
     wl = profile.workload()
     if baseline is not None and baseline_url is not None:
         raise InputError("give either --baseline FILE or --baseline-url URL, not both")
+    if profile.decide_on == "traffic" and not profile.traffic:
+        raise InputError("decide_on traffic needs traffic weights: pass --traffic FILE (written by "
+                         "`stackbuild traffic`) or set traffic: in the profile")
     if baseline is not None:
         _check_baseline(baseline, wl)
-    _reachable(url, "candidate", profile.ready_timeout_s)
+    _reachable(url, "candidate", min(profile.ready_timeout_s, clock.left()))
     inc_url = baseline_url.rstrip("/") if baseline_url else None
     if inc_url:
-        _reachable(inc_url, "incumbent", profile.ready_timeout_s)
+        _reachable(inc_url, "incumbent", min(profile.ready_timeout_s, clock.left()))
     started = _now()
     facts = {**host_facts(url), **(host_facts_extra or {})}
     emit("start", {"name": name, "url": url, "baseline_url": inc_url, "workload": wl})
     for target in [u for u in (inc_url, url) if u]:
-        await loadgen.warmup(target, wl, max(wl.concurrency))
+        await clock.within(loadgen.warmup(target, wl, max(wl.concurrency)))
     levels: list[LevelResult] = []
-    deadline = time.monotonic() + profile.gate_deadline_s()
     for c in wl.concurrency:
         emit("level", {"concurrency": c})
         stored = baseline.level(c) if baseline is not None else None
         done: list[RunMetrics] = []
-        lv = await _level_by_deadline(c, deadline, profile, done,
+        lv = await _level_by_deadline(c, clock, done,
                                       _run_level(c, url, inc_url, stored, wl, profile, emit, done))
         if baseline is not None and stored is None:
             note = f"C={c}: the baseline file has no runs at this level"
             lv = lv.model_copy(update={"reasons": (*lv.reasons, note)})
         emit("decision", {"concurrency": c, "level": lv})
         levels.append(lv)
-    try:
-        probe = await asyncio.wait_for(_probe(url, inc_url, baseline, profile),
-                                       timeout=max(0.0, deadline - time.monotonic()))
-    except TimeoutError:
-        probe = ProbeResult(passed=False, reasons=(
-            f"probe: not finished by the gate's deadline of {profile.gate_deadline_s():g}s",))
+    probe = await clock.within(_probe(url, inc_url, baseline, profile))
+    if probe is None:
+        probe = ProbeResult(passed=False, reasons=(f"probe: {clock.cause()} before it finished",))
     emit("probe", {"probe": probe})
-    agreed = await checks.agreement_check(url, inc_url, baseline, profile, deadline)
-    cap = await checks.capacity_check(url, inc_url, baseline, profile, wl)
+    agreed = None
+    if profile.agreement_prompts:
+        # the agreement keeps what it measured until the deadline (it stops itself there);
+        # the clock is the backstop
+        agreed = await clock.within(checks.agreement_check(url, inc_url, baseline, profile, clock.end)) \
+            or _cut_agreement(profile, clock.cause())
+    cap = None
+    if profile.slo:
+        cap = await clock.within(checks.capacity_check(url, inc_url, baseline, profile, wl)) \
+            or _cut_capacity(profile, clock.cause())
     on_traffic = checks.traffic_verdict(levels, profile)
     bars = bar_violations(levels, profile)
-    verdict = overall(levels, bars, probe, compared=bool(inc_url or baseline is not None),
-                      agreed=agreed)
+    compared = bool(inc_url or baseline is not None)
+    verdict = overall(levels, bars, probe, compared=compared, agreed=agreed, traffic=on_traffic,
+                      traffic_decides=profile.decide_on == "traffic")
     if cap is not None and not cap.passed:
         verdict = "fail"
     reasons = [r for lv in levels for r in lv.reasons] + bars + list(probe.reasons) + \
         list(agreed.reasons if agreed is not None else ()) + \
         list(cap.reasons if cap is not None else ())
+    if profile.decide_on == "traffic" and compared:
+        reasons.append(on_traffic.explanation if on_traffic is not None else
+                       "traffic: no measured level carries traffic weight; cannot decide on traffic")
     return GateResult(
         name=name, url=url, started_at=started, finished_at=_now(), workload=wl,
         fingerprint=wl.fingerprint(), tolerance=profile.tolerance, host=facts,
         baseline_name=baseline.name if baseline is not None else inc_url,
+        baseline_source="live" if inc_url else "stored" if baseline is not None else None,
+        baseline_measured_at=baseline.finished_at if baseline is not None else None,
+        baseline_age_s=age_s(baseline) if baseline is not None else None,
+        session_drift=profile.session_drift if baseline is not None else None,
+        margin=profile.margin, decide_on=profile.decide_on,
         levels=tuple(levels), probe=probe, agreement=agreed, capacity=cap, traffic=on_traffic,
         bars=tuple(bars), verdict=verdict,
         reasons=tuple(reasons),

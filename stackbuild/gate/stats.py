@@ -1,16 +1,15 @@
-"""Pure statistics for the gate: percentiles, bootstrap CI of a ratio of medians, decision."""
+"""Pure statistics for the gate: percentiles, a bootstrap CI of a ratio of medians (the
+report's speculation policy), and a level's policy in words. The gate's decision is
+stackbuild.gate.sequential."""
 
 from __future__ import annotations
 
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 from stackbuild.gate.result import Percentiles
 
-Decision = Literal["pass", "fail", "undecided"]
 BOOTSTRAP_RESAMPLES = 4000
 
 
@@ -65,31 +64,10 @@ def bootstrap_ratio_ci(
     return ratio, percentile(ratios, 100 * alpha), percentile(ratios, 100 * (1 - alpha))
 
 
-@dataclass(frozen=True)
-class Comparison:
-    ratio: float
-    low: float
-    high: float
-    decision: Decision
-
-
-def compare(
-    candidate: Sequence[float],
-    incumbent: Sequence[float],
-    *,
-    tolerance: float,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> Comparison:
-    """Pass when the CI's low end clears 1 - tolerance, fail when its high end is below it."""
-    ratio, low, high = bootstrap_ratio_ci(candidate, incumbent, confidence=confidence, seed=seed)
-    bar = 1.0 - tolerance
-    decision: Decision = "pass" if low >= bar else "fail" if high < bar else "undecided"
-    return Comparison(ratio, low, high, decision)
-
-
-def allowed(bar: float) -> str:
-    """The policy of a level in words: "allowed -8%", "must not lose", "required +5%"."""
+def allowed(bar: float, margin: float = 0.0) -> str:
+    """The policy of a level in words: "allowed -8%", "must not lose (margin 2%)", "required +5%"."""
+    if margin > 0 and abs(bar - (1.0 - margin)) < 1e-9:
+        return f"must not lose (margin {margin * 100:g}%)"
     if abs(bar - 1.0) < 1e-9:
         return "must not lose"
     if bar < 1.0:

@@ -4,8 +4,10 @@
 `sglang:num_queue_reqs`: requests in flight) over a window; each busy sample is mapped
 to the nearest gate level (in log space, so 5 goes to 8 rather than 1 among [1, 8]).
 The shares are the weights of a traffic-weighted verdict: the expected change of
-output throughput on that traffic, sum(w * cand) / sum(w * inc) - 1, with a bootstrap
-CI from resampling each level's runs.
+output throughput over time on that traffic, sum(w * cand / inc) - 1 (each level's
+ratio weighted by the share of time the server spends there, not by its tok/s), with a
+t interval from the levels' log-ratio estimates (delta method; Welch-Satterthwaite
+degrees of freedom). With `decide_on: traffic` it is the gate's verdict.
 
 `weights`, `weighted_change` are pure (`parse_metrics`, `in_flight`: effects/prometheus.py).
 """
@@ -13,13 +15,11 @@ CI from resampling each level's runs.
 from __future__ import annotations
 
 import math
-import random
 import re
-import statistics
 from collections.abc import Mapping, Sequence
 
 from stackbuild.effects.prometheus import in_flight, parse_metrics
-from stackbuild.gate.stats import BOOTSTRAP_RESAMPLES, percentile
+from stackbuild.gate.sequential import t_isf
 
 __all__ = ["in_flight", "parse_metrics"]  # they live in effects/prometheus.py (the drain counts the same way)
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
@@ -52,33 +52,33 @@ def weights(samples: Sequence[float], levels: Sequence[int]) -> tuple[dict[int, 
 
 
 def weighted_change(
-    per_level: Mapping[int, tuple[Sequence[float], Sequence[float]]],
+    per_level: Mapping[int, tuple[float, float, float]],
     w: Mapping[int, float],
     *,
     confidence: float = 0.95,
-    seed: int = 0,
 ) -> tuple[float, float, float]:
-    """(change, low, high) of sum(w*median cand)/sum(w*median inc) - 1 over levels in both."""
-    levels = [c for c in w if c in per_level and per_level[c][0] and per_level[c][1]]
+    """(change, low, high) of sum(w * ratio) - 1 over the weighted levels that were measured.
+
+    `per_level`: level -> (log-ratio estimate, its standard error, degrees of freedom), as
+    stackbuild.gate.sequential.estimate gives them. The interval is two-sided at `confidence`.
+    """
+    levels = [c for c in w if c in per_level and w[c] > 0]
     if not levels:
         raise ValueError("no measured level carries traffic weight")
-
-    def change(pick: Mapping[int, tuple[Sequence[float], Sequence[float]]]) -> float:
-        cand = sum(w[c] * statistics.median(pick[c][0]) for c in levels)
-        inc = sum(w[c] * statistics.median(pick[c][1]) for c in levels)
-        return cand / inc - 1.0 if inc > 0 else float("inf")
-
-    point = change(per_level)
-    rng = random.Random(seed)
-    draws = []
-    for _ in range(BOOTSTRAP_RESAMPLES // 4):
-        pick = {c: ([per_level[c][0][rng.randrange(len(per_level[c][0]))]
-                     for _ in per_level[c][0]],
-                    [per_level[c][1][rng.randrange(len(per_level[c][1]))]
-                     for _ in per_level[c][1]]) for c in levels}
-        draws.append(change(pick))
-    alpha = (1.0 - confidence) / 2.0
-    return point, percentile(draws, 100 * alpha), percentile(draws, 100 * (1 - alpha))
+    total = sum(w[c] for c in levels)
+    terms = [(w[c] / total * math.exp(per_level[c][0]), per_level[c][1], per_level[c][2])
+             for c in levels]
+    change = sum(r for r, _, _ in terms) - 1.0
+    parts = [(r * se) ** 2 for r, se, _ in terms]
+    var = sum(parts)
+    if var == 0:
+        return change, change, change
+    if any(math.isnan(p) or df <= 0 for p, (_, _, df) in zip(parts, terms, strict=True)):
+        return change, -math.inf, math.inf
+    denom = sum(p * p / df for p, (_, _, df) in zip(parts, terms, strict=True) if math.isfinite(df))
+    df = var * var / denom if denom > 0 else math.inf
+    half = t_isf((1.0 - confidence) / 2.0, df) * math.sqrt(var)
+    return change, change - half, change + half
 
 
 async def sample(url: str, seconds: float, every: float) -> list[float]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stackbuild.gate.result import GateResult
+from stackbuild.gate.result import GateResult, age_s
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.request import DeployRequest, Services
 from stackbuild.host.ssh import Remote
@@ -18,6 +18,24 @@ def verdict_of(result: GateResult, *, first: bool) -> str:
     return result.verdict
 
 
+# the host facts a stored baseline must share with the host now to stand for the incumbent
+HOST_FINGERPRINT = ("gpu_model", "gpu_count", "driver")
+
+
+def why_remeasure(stored: GateResult, host_facts: dict[str, str], max_age_s: float) -> str | None:
+    """Why a stored baseline no longer stands for the incumbent, or None: older than the
+    profile's bound, or measured on other GPUs or another driver than the host has now."""
+    changed = [f"{k} {stored.host[k]} -> {host_facts[k]}" for k in HOST_FINGERPRINT
+               if stored.host.get(k) and host_facts.get(k) and stored.host[k] != host_facts[k]]
+    if changed:
+        return f"the host changed since it was measured ({', '.join(changed)})"
+    age = age_s(stored)
+    if age is None or age > max_age_s:
+        return (f"it is {'of unknown age' if age is None else f'{age / 3600:.1f} h old'}, "
+                f"past the profile's bound of {max_age_s / 3600:g} h")
+    return None
+
+
 def incumbent_result(
     remote: Remote,
     req: DeployRequest,
@@ -27,7 +45,10 @@ def incumbent_result(
     incumbent_active: bool,
     rep: DeployReport,
 ) -> GateResult | None:
-    """The incumbent's result on this host for this workload: stored, else measured now."""
+    """The incumbent's result on this host for this workload: stored, else measured now.
+
+    A stored result past `baseline_max_age_s` or from other GPUs or another driver is
+    measured again while the incumbent still serves (before the swap stops it)."""
     if state.current is None:
         rep.note("baseline", True, "first deploy: absolute bars only")
         return None
@@ -46,14 +67,20 @@ def incumbent_result(
                 stored = None
             same_path = stored is not None and stored.host.get("access", "direct") == svc.access
             if stored is not None and stored.fingerprint == fp and same_path:
-                st.detail = f"stored result of {state.current.digest[:19]} (fingerprint {fp})"
-                return stored
+                why = why_remeasure(stored, rep.host_facts, req.profile.baseline_max_age_s)
+                said = f"stored result of {state.current.digest[:19]} (fingerprint {fp})"
+                if why is None or not incumbent_active:
+                    st.detail = said + (f"; {why}, but the incumbent is not serving" if why else "")
+                    return stored
+                st.detail = f"{said} not used: {why}; "
         if not incumbent_active:
             st.detail = "incumbent not serving and no stored result: absolute bars only"
             return None
         with svc.endpoint(state.current.port) as url:
             measured = svc.gate(url, req.profile, f"incumbent {state.current.stack}", None)
+        if rep.host_facts:
+            measured = measured.model_copy(update={"host": {**measured.host, **rep.host_facts}})
         remote.run(["mkdir", "-p", f"{paths.base}/results"], what="create results dir")
         remote.put_text(measured.model_dump_json(), paths.result_file(state.current.key))
-        st.detail = f"measured the incumbent now (fingerprint {fp})"
+        st.detail = (st.detail or "") + f"measured the incumbent now (fingerprint {fp})"
         return measured

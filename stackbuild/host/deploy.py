@@ -398,6 +398,8 @@ def _dry_plan(
     units.start(remote, unit)
     svc.echo(f"would wait for {unit}: port, /health 200, one generation")
     svc.echo(f"would gate it with profile {req.profile.description or 'default'}")
+    if svc.gate_plan is not None:
+        svc.echo(svc.gate_plan(req.profile, req.strategy == "swap"))
     svc.echo(f"would promote (write {paths.state_file}) or roll back to the incumbent")
     rep.finish("planned")
 

@@ -50,3 +50,5 @@ class Services:
     echo: Callable[[str], None] = print
     progress: Callable[[str], None] | None = None  # each step as it starts and ends
     sleep: Callable[[float], None] = time.sleep
+    # the gate's plan (expected runs and duration) for a dry run to print
+    gate_plan: Callable[[GateProfile, bool], str] | None = None

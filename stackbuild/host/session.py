@@ -135,6 +135,12 @@ def _services(args: DeployArgs, endpoint: Any, echo: Callable[[str], None]) -> S
     def progress(text: str) -> None:
         print(f"stackbuild: deploy: {text}", file=sys.stderr, flush=True)
 
+    def gate_plan(profile: GateProfile, stored: bool) -> str:
+        from stackbuild.results.ledger import default_ledger_path
+        from stackbuild.results.ledger import gate_plan as plan
+
+        return plan(profile, args.ledger or default_ledger_path(args.root or Path.cwd()), stored=stored)
+
     return Services(
         progress=progress,
         render_unit=render_unit,
@@ -143,6 +149,7 @@ def _services(args: DeployArgs, endpoint: Any, echo: Callable[[str], None]) -> S
         promote_channel=promote,
         echo=echo,
         access=access,
+        gate_plan=gate_plan,
     )
 
 

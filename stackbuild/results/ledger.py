@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args
 
 from stackbuild.errors import InputError
 from stackbuild.gate.result import GateResult
+from stackbuild.spec.profile import GateProfile
 
 DeployOutcome = Literal["promoted", "rolled-back", "refused", "failed"]
 
@@ -415,3 +416,15 @@ class Ledger:
 
 def default_ledger_path(root: Path) -> Path:
     return root / ".stackbuild" / "ledger.db"
+
+
+def gate_plan(profile: GateProfile, path: Path, *, stored: bool, name: str = "", trials: int = 200) -> str:
+    """`gate --plan` at the noise the gate results in the ledger at `path` showed (none yet:
+    assumed); the deploy's dry run prints it too."""
+    from stackbuild.gate.plan import noise_from, plan_text
+
+    results = []
+    if path.exists():
+        with Ledger(path) as db:
+            results = [r.result for r in db.gate_runs()]
+    return plan_text(profile, noise_from(results, profile), stored=stored, name=name, trials=trials)

@@ -41,6 +41,7 @@ class Cell:
     ci_low: float | None = None
     ci_high: float | None = None
     bar: float | None = None  # the level's policy, when the gate had one
+    margin: float = 0.0  # the "must not lose" margin the bar carries
 
 
 @dataclass
@@ -90,7 +91,7 @@ def _policy(lv: LevelResult) -> str:
     if lv.bar is None:
         return ""
     advisory = "" if lv.required else ", advisory"
-    return f" ({allowed(lv.bar)}{advisory}: {STATUS.get(lv.verdict, lv.verdict)})"
+    return f" ({allowed(lv.bar, lv.margin)}{advisory}: {STATUS.get(lv.verdict, lv.verdict)})"
 
 
 def _first_reason(res: GateResult) -> str:
@@ -157,7 +158,7 @@ def _reference(current: dict[str, GateRecord]) -> str | None:
 
 def _cells(res: GateResult) -> dict[int, Cell]:
     return {lv.concurrency: Cell(lv.median_output_tok_s, lv.ttft_p99_ms, lv.ratio, lv.verdict, len(lv.runs),
-                                 lv.ci_low, lv.ci_high, lv.bar) for lv in res.levels}
+                                 lv.ci_low, lv.ci_high, lv.bar, lv.margin) for lv in res.levels}
 
 
 def _deployed(mine: list[DeployRecord]) -> str:
@@ -336,7 +337,7 @@ def render_markdown(report: Report, plot: str | None = None) -> str:
                 elif cell.ratio is None:
                     cells.append(f"{cell.tok_s:.1f}")
                 else:
-                    bar = "" if cell.bar is None else f"{allowed(cell.bar)}: "
+                    bar = "" if cell.bar is None else f"{allowed(cell.bar, cell.margin)}: "
                     said = STATUS.get(cell.verdict, cell.verdict)
                     cells.append(f"{cell.tok_s:.1f} ({_pct(cell.ratio)}, {bar}{said})")
             out.append(f"| {_esc(name)} | " + " | ".join(cells) + " |")

@@ -9,12 +9,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # The latency objectives capacity search can hold (`--slo KEY=MS`, `slo:` in a profile).
 SLO_KEYS = ("ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms")
+# Bounds of the gate's phases, for its derived deadline: the agreement check sends this many
+# requests at a time (stackbuild.gate.agreement.PARALLEL), the capacity search probes at most
+# this many levels a side (ceil(log2(len(GRID))) + 1, stackbuild.gate.capacity).
+AGREEMENT_PARALLEL = 8
+CAPACITY_STEPS = 6
+# the agreement's parts the candidate is also teacher-forced on (one more request a prompt)
+AGREEMENT_ID_PARTS = ("ids", "long", "busy")
+
+
+@dataclass(frozen=True)
+class AgreementSend:
+    """One part of the output agreement: what it sends to each side (docs/agreement.md)."""
+
+    name: str  # ids | long | busy | completions | chat
+    prompts: int
+    input_len: int  # tokens; 0 for the natural-language parts
+    tokens: int  # greedy tokens per prompt
+    concurrency: int  # requests in flight
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of requests a side: prompts / concurrency, up."""
+        return -(-self.prompts // max(1, self.concurrency))
 
 
 class _FrozenModel(BaseModel):
@@ -105,11 +129,29 @@ class GateProfile(BaseModel):
     deadline_s: float | None = Field(default=None, gt=0)
     # before measuring: port open, /health 200 and one generation within this long
     ready_timeout_s: float = Field(default=10.0, gt=0)
-    # relative slack: pass when the CI lower bound of candidate/incumbent >= 1 - tolerance
+    # relative slack: a level passes when the low end of its interval of candidate/incumbent
+    # clears 1 - tolerance (stackbuild.gate.sequential)
     tolerance: float = Field(default=0.05, ge=0, lt=1)
+    # "must not lose" (a tolerance of 0) means "does not lose more than this": the smallest
+    # loss worth stopping a release for (docs/gate.md: derived from the measured noise)
+    margin: float = Field(default=0.02, ge=0, lt=1)
     # per-concurrency bars; a level not named here holds `tolerance` and is required
     levels: dict[int, LevelPolicy] = Field(default_factory=dict)
+    # 1 - confidence is split in two: the false-pass rate at the bar, and the false-fail rate
+    # at the bar over all required levels together (stackbuild.gate.sequential)
     confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    # what decides: each required level's verdict, or the traffic-weighted expected change
+    decide_on: Literal["levels", "traffic"] = "levels"
+    # a stored baseline: the drift of a server's tok/s between sessions (sd of the log, added
+    # to the comparison's variance), and the age past which the deploy re-measures the
+    # incumbent before it stops it
+    session_drift: float = Field(default=0.01, ge=0, lt=1)
+    # lag-1 autocorrelation of a server's successive runs the test allows for (0: runs are
+    # independent); `gate --plan` shows what the ledger's runs had
+    run_correlation: float = Field(default=0.0, ge=0, lt=0.9)
+    baseline_max_age_s: float = Field(default=7 * 86400.0, gt=0)
+    # runs a gate with nothing to compare takes (it may become a stored baseline); None: runs
+    reference_runs: int | None = Field(default=None, ge=1)
     # absolute bars; None disables a bar
     min_tok_s_c1: float | None = None
     max_ttft_p99_ms: float | None = None
@@ -124,6 +166,8 @@ class GateProfile(BaseModel):
     # capacity under SLOs (stackbuild.gate.capacity): keys ttft_p99_ms, itl_p99_ms, tpot_p99_ms
     slo: dict[str, float] = Field(default_factory=dict)
     capacity_max_concurrency: int = Field(default=256, ge=1)
+    # requests per probed level at least: its p99s get a bootstrap interval over requests
+    capacity_min_requests: int = Field(default=32, ge=1)
     # fail when the candidate's capacity under the SLOs is below the incumbent's
     require_capacity: bool = False
     # output agreement with the incumbent (stackbuild.gate.agreement); 0 prompts disables it
@@ -167,12 +211,25 @@ class GateProfile(BaseModel):
     def policy(self, concurrency: int) -> LevelPolicy:
         return self.levels.get(concurrency) or LevelPolicy()
 
+    def margin_at(self, concurrency: int) -> float:
+        """The margin this level's bar carries: `margin` where the level must not lose, else 0."""
+        pol = self.policy(concurrency)
+        tol = self.tolerance if pol.tolerance is None else pol.tolerance
+        return self.margin if pol.min_gain is None and tol == 0 else 0.0
+
     def bar(self, concurrency: int) -> float:
-        """The lowest candidate/incumbent ratio that passes at this level."""
+        """The ratio candidate/incumbent the level is tested against (margin included)."""
         pol = self.policy(concurrency)
         if pol.min_gain is not None:
             return 1.0 + pol.min_gain
-        return 1.0 - (self.tolerance if pol.tolerance is None else pol.tolerance)
+        tol = self.tolerance if pol.tolerance is None else pol.tolerance
+        return 1.0 - (tol or self.margin)
+
+    def required_levels(self) -> tuple[int, ...]:
+        """The levels whose verdict decides the gate (none when traffic decides)."""
+        if self.decide_on == "traffic":
+            return ()
+        return tuple(c for c in self.concurrency if self.policy(c).required)
 
     def workload(self) -> Workload:
         return Workload(
@@ -192,23 +249,56 @@ class GateProfile(BaseModel):
             stall_timeout_s=min(self.stall_timeout_s, self.timeout_s),
         )
 
-    def gate_deadline_s(self) -> float:
-        """The whole gate's bound: `deadline_s`, else the worst case the workload's own timeouts allow.
+    def rounds(self, concurrency: int, at_least: int = 0) -> int:
+        """Rounds of requests in one run at this concurrency (requests / concurrency, up)."""
+        n = max(concurrency * self.requests_per_slot, self.min_requests, at_least)
+        return -(-n // concurrency)
 
-        Worst case: every run of every level at max_runs, on both sides (incumbent and candidate),
-        each round of requests taking the full per-request timeout; plus warmup and the probe.
-        A stalled server fails each request after `stall_timeout_s`, long before this.
+    def phase_bounds_s(self) -> dict[str, float]:
+        """Each phase's worst case, every round of requests taking the full per-request timeout.
+
+        levels: every run at max_runs on both sides; agreement: each part's rounds on both sides,
+        and the candidate's teacher-forced pass of the token-id parts; capacity:
+        at most CAPACITY_STEPS runs a side. A stalled server fails each request after
+        `stall_timeout_s`, long before this.
         """
+        per = self.timeout_s
+        runs = max(self.max_runs, self.runs, self.reference_runs or 0)
+        out = {
+            "ready": 2 * self.ready_timeout_s,
+            "warmup": 2 * -(-self.warmup // max(1, min(max(self.concurrency), self.warmup or 1))) * per,
+            "levels": runs * 2 * sum(self.rounds(c) for c in self.concurrency) * per,
+            "probe": 2 * len(self.probe_prompts) * per,
+        }
+        if self.agreement_prompts:
+            out["agreement"] = sum((3 if p.name in AGREEMENT_ID_PARTS else 2) * p.rounds
+                                   for p in self.agreement_parts()) * per
+        if self.slo:
+            out["capacity"] = 2 * CAPACITY_STEPS * self.rounds(1, self.capacity_min_requests) * per
+        return out
+
+    def agreement_parts(self) -> tuple[AgreementSend, ...]:
+        """What the output agreement sends to each side (nothing when agreement_prompts is 0)."""
+        n, t, par = self.agreement_prompts, self.agreement_tokens, AGREEMENT_PARALLEL
+        if n == 0:
+            return ()
+        parts = [AgreementSend("ids", n, 0, t, par)]
+        if self.agreement_long_prompts:
+            parts.append(AgreementSend("long", self.agreement_long_prompts, self.input_len,
+                                       self.output_len, min(par, self.agreement_long_prompts)))
+        top = max(self.concurrency)
+        if self.agreement_busy and top > par:
+            parts.append(AgreementSend("busy", top, self.input_len, t, top))
+        if self.agreement_text_prompts:
+            for name in ("completions", "chat"):
+                parts.append(AgreementSend(name, self.agreement_text_prompts, 0, t, par))
+        return tuple(parts)
+
+    def gate_deadline_s(self) -> float:
+        """The whole gate's bound: `deadline_s`, else the sum of the phases' worst cases."""
         if self.deadline_s is not None:
             return self.deadline_s
-        per = self.timeout_s
-        rounds = sum(
-            -(-max(c * self.requests_per_slot, self.min_requests) // c) for c in self.concurrency
-        )
-        levels = max(self.max_runs, self.runs) * 2 * rounds * per
-        warm = 2 * -(-self.warmup // max(1, min(max(self.concurrency), self.warmup or 1))) * per
-        probe = 2 * len(self.probe_prompts) * per + 2 * self.ready_timeout_s
-        return levels + warm + probe
+        return sum(self.phase_bounds_s().values())
 
     def with_overrides(self, **fields: Any) -> GateProfile:
         """A copy with the given fields replaced (None means: keep), validated again."""
@@ -222,27 +312,31 @@ class GateProfile(BaseModel):
 
 BUILTIN_PROFILES: dict[str, GateProfile] = {
     # Small enough for tests and the demo against the simulator at high --speed.
+    # Sequential: looked at from 3 runs, stops when it can decide; equal builds under "must not
+    # lose" need 8-15 runs at the simulator's measured spread (bench/gate_calibration.py).
     "quick": GateProfile(
-        description="short smoke gate: C=1,8, 64 in / 64 out, 3 runs (up to 6)",
+        description="short smoke gate: C=1,8, 64 in / 64 out, 3 to 15 runs",
         concurrency=(1, 8),
         input_len=64,
         output_len=64,
         warmup=2,
         runs=3,
-        max_runs=6,
+        max_runs=15,
         timeout_s=60.0,
         stall_timeout_s=10.0,
     ),
     # The users' hand procedure (seeds/000, seeds/004): 10 runs of 2048 tokens after
-    # warmup, sweep at C=1, 30, 250.
+    # warmup, sweep at C=1, 30, 250. Sequential: looked at from run 5, at most 15; a
+    # reference (the stored baseline of a later swap) takes their 10.
     "users": GateProfile(
-        description="the users' sweep: C=1,30,250, 2048 out tokens, 10 runs",
+        description="the users' sweep: C=1,30,250, 2048 out tokens, 5 to 15 runs",
         concurrency=(1, 30, 250),
         input_len=128,
         output_len=2048,
         warmup=3,
-        runs=10,
+        runs=5,
         max_runs=15,
+        reference_runs=10,
         timeout_s=1800.0,
         stall_timeout_s=120.0,
         # derived from the timeouts it would be 45 h; a deploy holds the host lock this long at most

@@ -1,0 +1,202 @@
+"""The gate's decisions, free of HTTP: judge a level, run its sequential loop, the overall verdict.
+
+`run_level` takes the measurement as a function (`Take`: run index -> the candidate's run
+and, with a live incumbent, the incumbent's run measured just before it), so the live gate
+passes HTTP measurements and bench/gate_calibration.py passes a noise model, and both run
+this same loop, `judge_level` and `overall`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from stackbuild.gate.result import (
+    AgreementResult,
+    LevelResult,
+    ProbeResult,
+    RunMetrics,
+    TrafficResult,
+    Verdict,
+)
+from stackbuild.gate.sequential import Design, look
+from stackbuild.gate.stats import allowed
+from stackbuild.spec.profile import GateProfile
+
+# run index -> (candidate's run, incumbent's run when it is live, else None)
+Take = Callable[[int], Awaitable[tuple[RunMetrics, RunMetrics | None]]]
+
+
+def design_for(profile: GateProfile, *, paired: bool) -> Design:
+    """The sequential design of a level: looks from `runs` to `max_runs`; the false-pass alpha
+    per level (the gate passes only when every required level passes: an intersection-union
+    test, Berger 1982, Technometrics 24:295), the false-fail alpha split over the required
+    levels (any one failing fails the gate: Bonferroni)."""
+    wl = profile.workload()
+    alpha = (1.0 - profile.confidence) / 2.0
+    family = max(1, len(profile.required_levels()))
+    return Design(paired=paired, first=wl.runs, last=wl.max_runs, alpha_pass=alpha,
+                  alpha_fail=alpha / family, drift=0.0 if paired else profile.session_drift,
+                  correlation=profile.run_correlation)
+
+
+def level_summary(concurrency: int, runs: list[RunMetrics]) -> LevelResult:
+    return LevelResult(
+        concurrency=concurrency,
+        runs=tuple(runs),
+        median_output_tok_s=statistics.median(r.output_tok_s for r in runs),
+        median_total_tok_s=statistics.median(r.total_tok_s for r in runs),
+        ttft_p99_ms=max(r.ttft_ms.p99 for r in runs),
+        failed_requests=sum(r.failed for r in runs),
+    )
+
+
+def _pct(x: float) -> str:
+    return f"{(x - 1) * 100:+.1f}%"
+
+
+def interval_text(low: float, high: float, confidence: float | None) -> str:
+    if not math.isfinite(high) or low <= 0:
+        return "no interval yet: 2 runs a side needed"
+    return f"{confidence or 0:.1%} CI {_pct(low)}..{_pct(high)}"
+
+
+def explain(c: int, ratio: float, low: float, high: float, bar: float, verdict: Verdict,
+            required: bool, *, margin: float = 0.0, confidence: float | None = 0.95) -> str:
+    """One sentence per level: "C=1 -6.4% (95.0% CI -8.1%..-4.6%), allowed -8%: pass"."""
+    word = {"inconclusive": "cannot tell yet"}.get(verdict, verdict)
+    tail = "" if required else " (advisory: does not decide the gate)"
+    return (f"C={c} {_pct(ratio)} ({interval_text(low, high, confidence)}), "
+            f"{allowed(bar, margin)}: {word}{tail}")
+
+
+def _broken(level: LevelResult, profile: GateProfile) -> list[str]:
+    reasons = []
+    if level.failed_requests > profile.max_failed_requests:
+        errs = sorted({e for r in level.runs for e in r.errors})[:3]
+        reasons.append(f"C={level.concurrency}: {level.failed_requests} failed requests "
+                       f"(allowed {profile.max_failed_requests}): {'; '.join(errs)}")
+    mismatched = sum(r.token_count_mismatches for r in level.runs)
+    if mismatched:
+        reasons.append(f"C={level.concurrency}: in {mismatched} requests the server's token "
+                       "counts disagree with what it streamed; the tok/s cannot be trusted")
+    return reasons
+
+
+def judge_level(level: LevelResult, incumbent: list[float] | None, profile: GateProfile, *,
+                final: bool, design: Design | None = None) -> LevelResult:
+    """Attach the comparison and verdict; 'inconclusive' only when final (no runs left).
+
+    `design`: how the runs compare (default: against stored runs, the profile's looks).
+    """
+    c = level.concurrency
+    design = design or design_for(profile, paired=False)
+    reasons = _broken(level, profile)
+    verdict: Verdict = "fail" if reasons else "reference"
+    broken = bool(reasons)
+    fields: dict[str, Any] = {}
+    bar, margin = profile.bar(c), profile.margin_at(c)
+    pol = profile.policy(c)
+    # failed requests and miscounted tokens decide at every level; the ratio only where required
+    required = (pol.required and profile.decide_on == "levels") or broken
+    if incumbent:
+        fields.update(baseline_median_output_tok_s=statistics.median(incumbent),
+                      baseline_runs_tok_s=tuple(incumbent), paired=design.paired,
+                      bar=bar, margin=margin)
+        if min(incumbent) <= 0 or min(r.output_tok_s for r in level.runs) <= 0:
+            reasons.append(f"C={c}: a run measured 0 tok/s; re-measure")
+            verdict = "fail" if broken else "inconclusive"
+        else:
+            lk = look([r.output_tok_s for r in level.runs], incumbent, bar, design)
+            conf = 1.0 - design.alpha_pass - design.alpha_fail
+            shown = math.isfinite(lk.high) and lk.low > 0  # below 2 runs a side: no interval
+            fields.update(ratio=lk.ratio, ci_low=lk.low if shown else None,
+                          ci_high=lk.high if shown else None, ci_confidence=conf)
+            ci = f"ratio {lk.ratio:.3f}, {interval_text(lk.low, lk.high, conf)}"
+            policy = allowed(bar, margin)
+            if lk.decision == "fail":
+                reasons.append(f"C={c}: slower than the incumbent allows: {ci}, below {bar:.3f} "
+                               f"({policy})")
+                verdict = "fail"
+            elif lk.decision == "undecided" and not broken:
+                verdict = "inconclusive"
+                if final:
+                    reasons.append(f"C={c}: cannot tell after {len(level.runs)} runs: {ci} "
+                                   f"straddles {bar:.3f} ({policy}); raise max_runs "
+                                   "(`gate --plan` says how many this noise needs)")
+            elif not broken:
+                verdict = "pass"
+            fields["explanation"] = explain(c, lk.ratio, lk.low, lk.high, bar, verdict,
+                                            required and pol.required, margin=margin,
+                                            confidence=conf)
+    fields["required"] = required
+    if not required:
+        reasons = [f"{r} (advisory level)" for r in reasons]
+    return level.model_copy(update={**fields, "verdict": verdict, "reasons": tuple(reasons)})
+
+
+async def run_level(c: int, take: Take, profile: GateProfile, design: Design,
+                    stored: list[float] | None, cand: list[RunMetrics] | None = None) -> LevelResult:
+    """Runs at one level until the sequential test decides or its last look.
+
+    A live incumbent (design.paired) is measured by `take` beside each candidate run; else
+    the candidate is compared with `stored`, or measured alone (a reference: `reference_runs`).
+    `cand` collects the candidate's runs as they finish (the deadline keeps what was measured).
+    """
+    cand = [] if cand is None else cand
+    inc: list[float] = []
+    compared = design.paired or bool(stored)
+    target = design.first if compared else max(design.first, profile.reference_runs or 0)
+    allowed = profile.max_failed_requests
+    while True:
+        while len(cand) < target and sum(r.failed for r in cand) <= allowed:
+            mine, theirs = await take(len(cand))
+            if theirs is not None:
+                inc.append(theirs.output_tok_s)
+            cand.append(mine)
+        # failed requests past what the profile allows decide the level (judge_level fails it):
+        # no more runs are measured
+        broken = sum(r.failed for r in cand) > allowed
+        final = broken or target >= design.last or not compared
+        lv = judge_level(level_summary(c, cand), inc if design.paired else stored, profile,
+                         final=final, design=design)
+        if lv.verdict != "inconclusive" or final:
+            return lv
+        target += 1
+
+
+def overall(levels: list[LevelResult], bars: list[str], probe: ProbeResult | None,
+            compared: bool, agreed: AgreementResult | None = None,
+            traffic: TrafficResult | None = None, *, traffic_decides: bool = False) -> Verdict:
+    """Fail on any deciding failure (a required level, a bar, the probe, agreement); else
+    inconclusive when a required level (or the traffic verdict, when traffic decides) is."""
+    deciding = [lv for lv in levels if lv.required]
+    if agreed is not None and not agreed.passed:
+        return "fail"
+    if bars or (probe is not None and not probe.passed) or any(
+            lv.verdict == "fail" for lv in deciding):
+        return "fail"
+    if traffic_decides and compared:
+        said = traffic.verdict if traffic is not None else None
+        if said != "pass":
+            return said if said in ("fail", "inconclusive") else "inconclusive"
+    if any(lv.verdict == "inconclusive" for lv in deciding):
+        return "inconclusive"
+    return "pass" if compared else "reference"
+
+
+def bar_violations(levels: list[LevelResult], profile: GateProfile) -> list[str]:
+    out = []
+    c1 = next((lv for lv in levels if lv.concurrency == 1), None)
+    if profile.min_tok_s_c1 is not None and c1 is not None \
+            and c1.median_output_tok_s < profile.min_tok_s_c1:
+        out.append(f"C=1 median {c1.median_output_tok_s:.1f} tok/s is below the bar "
+                   f"{profile.min_tok_s_c1:g} tok/s")
+    if profile.max_ttft_p99_ms is not None:
+        for lv in levels:
+            if lv.ttft_p99_ms > profile.max_ttft_p99_ms:
+                out.append(f"C={lv.concurrency}: p99 TTFT {lv.ttft_p99_ms:.0f} ms exceeds "
+                           f"{profile.max_ttft_p99_ms:g} ms")
+    return out

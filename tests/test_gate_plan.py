@@ -1,0 +1,154 @@
+"""`gate --plan`: the noise earlier results showed, the run counts and duration it implies,
+from the ledger through the CLI; and the deploy's choice of baseline by age and host."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from test_gate_stats import _run
+
+from stackbuild.cli.main import main
+from stackbuild.gate.decide import level_summary
+from stackbuild.gate.plan import ASSUMED_SIGMA, noise_from, plan_text
+from stackbuild.gate.result import GateResult
+from stackbuild.host.decide import why_remeasure
+from stackbuild.results.ledger import Ledger
+from stackbuild.spec.profile import GateProfile
+
+PROF = GateProfile(concurrency=(1, 8), tolerance=0.0, runs=3, max_runs=10, agreement_prompts=0)
+
+
+def _result(name: str, at: str, c1: list[float], c8: list[float], *, secs: float = 2.0,
+            host: dict[str, str] | None = None) -> GateResult:
+    wl = PROF.workload()
+    levels = []
+    for c, xs in ((1, c1), (8, c8)):
+        runs = [_run(x, index=i).model_copy(update={"concurrency": c, "duration_s": secs})
+                for i, x in enumerate(xs)]
+        levels.append(level_summary(c, runs))
+    return GateResult(name=name, url="http://127.0.0.1:1", started_at=at, finished_at=at, workload=wl,
+                      fingerprint=wl.fingerprint(), levels=tuple(levels), verdict="reference",
+                      host=host or {})
+
+
+def test_noise_from_results_of_this_workload() -> None:
+    a = _result("base", "2026-11-01T00:00:00+00:00", [100.0, 102.0, 98.0], [400.0, 404.0, 396.0])
+    b = _result("base", "2026-11-02T00:00:00+00:00", [110.0, 112.2, 107.8], [400.0, 404.0, 396.0])
+    other = _result("x", "t", [1.0, 50.0], [1.0, 50.0]).model_copy(update={"fingerprint": "other"})
+    seen = noise_from([a, b, other], PROF)
+    want = statistics.stdev([math.log(x) for x in (100.0, 102.0, 98.0)])
+    assert seen.results == 2 and want == pytest.approx(0.02, rel=1e-3)
+    assert seen.levels[1].sigma == pytest.approx(want, rel=1e-3)
+    assert seen.levels[8].sigma == pytest.approx(want / 2, rel=1e-3)
+    assert seen.levels[1].run_s == 2.0 and seen.levels[1].tok_s == 107.8  # upper median of 6
+    # C=1 moved 10% between the two sessions, C=8 not at all: the drift, pooled over the levels,
+    # is the medians' spread less what the runs' own spread explains (sigma^2 / 3 a median)
+    between = math.log(1.1) ** 2 / 2 - want ** 2 / 3 + 0.0 - (want / 2) ** 2 / 3
+    assert seen.drift == pytest.approx(math.sqrt(between / 2), rel=1e-3)
+    empty = noise_from([], PROF)
+    assert empty.results == 0 and empty.levels[1].sigma == ASSUMED_SIGMA and empty.drift is None
+
+
+def test_plan_text_says_runs_and_duration() -> None:
+    quiet = noise_from([_result("base", "2026-11-01T00:00:00+00:00", [100.0, 100.4, 99.6],
+                                [400.0, 401.6, 398.4], secs=30.0)], PROF)
+    text = plan_text(PROF, quiet, stored=False, name="quick", trials=60)
+    lines = text.splitlines()
+    assert lines[0].startswith("gate plan quick: C=1,8, 128 in / 256 out, runs 3..10 a level, "
+                               "against a live incumbent, alternating; at the noise 1 earlier")
+    assert lines[1].startswith("  C=1: spread 0.4% a run; an equal build takes ~")
+    assert "30 s a run" in lines[1]
+    assert "an equal build passes 100% of the time" in lines[3]
+    assert lines[4].startswith("  expected: ~") and "never more than the deadline" in lines[4]
+    blind = plan_text(PROF, noise_from([], PROF), stored=True, trials=20)
+    assert "no earlier result of this workload: an assumed 2% spread a run" in blind
+    assert "against a stored baseline (swap)" in blind
+    assert "expected: unknown until a run of this workload is measured" in blind
+
+
+def test_plan_from_the_cli_reads_the_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = tmp_path / "ledger.db"
+    with Ledger(db) as ledger:
+        ledger.record_gate(_result("base", "2026-11-01T00:00:00+00:00", [100.0, 102.0, 98.0],
+                                   [400.0, 404.0, 396.0]))
+    rc = main(["gate", "--plan", "--ledger", str(db), "--concurrency", "1,8", "--tolerance", "0",
+               "--runs", "3", "--max-runs", "10", "--input-len", "128", "--output-len", "256"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "at the noise 1 earlier results of this workload showed" in out, out
+    assert "C=1: spread 2.0% a run" in out and "C=8: spread 1.0% a run" in out
+    rc = main(["gate", "--concurrency", "1"])
+    assert rc == 2 and "--url: missing" in capsys.readouterr().err
+
+
+def test_a_stored_baseline_is_remeasured_when_old_or_from_another_host() -> None:
+    fresh = _result("inc", "2026-11-01T00:00:00+00:00", [1.0], [1.0],
+                    host={"gpu_model": "RTX PRO 6000", "gpu_count": "8", "driver": "580.1"})
+    fresh = fresh.model_copy(update={"finished_at": datetime.now(UTC).isoformat()})
+    facts = {"gpu_model": "RTX PRO 6000", "gpu_count": "8", "driver": "580.1", "arch": "sm_120"}
+    assert why_remeasure(fresh, facts, 3600.0) is None
+    assert why_remeasure(fresh, {**facts, "driver": "590.2"}, 3600.0) == \
+        "the host changed since it was measured (driver 580.1 -> 590.2)"
+    old = fresh.model_copy(update={"finished_at": "2026-01-01T00:00:00+00:00"})
+    said = why_remeasure(old, facts, 7 * 86400.0)
+    assert said is not None and said.endswith("h old, past the profile's bound of 168 h")
+    assert why_remeasure(fresh.model_copy(update={"finished_at": "t"}), facts, 3600.0) == \
+        "it is of unknown age, past the profile's bound of 1 h"
+
+
+def test_swap_remeasures_an_old_stored_baseline_before_stopping_the_incumbent() -> None:
+    """On the fake host: the incumbent's stored result is a year old, so the deploy measures
+    the incumbent again while it still serves, stores that, and gates the candidate on it."""
+    from helpers_deploy import CANDIDATE, INCUMBENT, PATHS, FakeGate, run, with_incumbent
+
+    host = with_incumbent()
+    (path,) = [p for p in host.files if p.startswith(PATHS.result_file("")[:-5])]
+    old = GateResult.model_validate_json(host.files[path])
+    host.files[path] = old.model_copy(update={"finished_at": "2025-11-01T00:00:00+00:00"}).model_dump_json()
+    gate = FakeGate(host)
+    rep = run(host, gate=gate)
+    assert (rep.outcome, rep.verdict) == ("promoted", "pass"), rep.render()
+    said = next(s.detail for s in rep.steps if s.name == "baseline")
+    assert "not used: it is" in said and "past the profile's bound of 168 h" in said
+    assert said.endswith("measured the incumbent now (fingerprint " + old.fingerprint + ")")
+    # the incumbent was measured first, while it served, then the candidate against it
+    first, second = gate.calls
+    assert (first.served_by, first.baseline) == (INCUMBENT, None)
+    assert (second.served_by, second.baseline) == (CANDIDATE, first.name)
+    fresh = GateResult.model_validate_json(host.files[path])
+    assert fresh.finished_at != "2025-11-01T00:00:00+00:00"
+
+
+def test_the_deploy_dry_run_prints_the_gate_plan(tmp_path: Path) -> None:
+    from helpers_deploy import request, services, with_incumbent
+
+    from stackbuild.host.deploy import deploy
+    from stackbuild.host.dryrun import DryRunRemote
+    from stackbuild.results.ledger import gate_plan
+
+    host = with_incumbent()
+    said: list[str] = []
+    svc = services(host, echo=said.append, gate_plan=lambda prof, stored: gate_plan(
+        prof, tmp_path / "ledger.db", stored=stored, trials=20))
+    rep = deploy(DryRunRemote(host.address, reader=host, echo=said.append), request("swap"), svc)
+    assert rep.outcome == "planned"
+    (plan,) = [s for s in said if s.startswith("gate plan")]
+    assert "runs 6..16 a level, against a stored baseline (swap)" in plan
+    assert "never more than the deadline" in plan
+
+
+def test_the_summary_names_the_baseline_and_its_age() -> None:
+    from stackbuild.gate.formats import baseline_text, markdown_summary
+
+    res = _result("cand", "2026-11-02T00:00:00+00:00", [100.0], [400.0]).model_copy(update={
+        "baseline_name": "incumbent sim", "baseline_source": "stored",
+        "baseline_measured_at": "2026-11-01T00:00:00+00:00", "baseline_age_s": 172800.0,
+        "session_drift": 0.01, "margin": 0.02})
+    assert baseline_text(res) == ("stored result incumbent sim of 2026-11-01T00:00:00+00:00, 2.0 d old; "
+                                  "session drift 1.0% in the intervals")
+    assert "· margin 2% ·" in markdown_summary(res)
+    live = res.model_copy(update={"baseline_source": "live", "baseline_name": "http://127.0.0.1:2"})
+    assert baseline_text(live) == "live http://127.0.0.1:2 (runs alternating, compared pairwise)"
