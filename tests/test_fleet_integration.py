@@ -68,6 +68,9 @@ gate:
       tolerance: 0.2
       timeout_s: 20
       agreement_prompts: 4
+      # the token-id part only: the generation count below is what a dying candidate gets through
+      agreement_long_prompts: 0
+      agreement_text_prompts: 0
 host:
   service: fleetsvc
   strategy: swap

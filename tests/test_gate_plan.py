@@ -99,6 +99,17 @@ def test_a_stored_baseline_is_remeasured_when_old_or_from_another_host() -> None
         "it is of unknown age, past the profile's bound of 1 h"
 
 
+def test_a_stored_baseline_thinner_than_a_reference_is_remeasured() -> None:
+    """A promotion the gate decided at its first look stores 3 runs: as a baseline that leaves
+    the two-sample test 2 degrees of freedom, so the next deploy measures the incumbent again."""
+    now = datetime.now(UTC).isoformat()
+    thin = _result("inc", now, [1.0, 1.0, 1.0], [1.0] * 6).model_copy(update={"finished_at": now})
+    assert PROF.model_copy(update={"reference_runs": None}).baseline_runs() == PROF.max_runs
+    assert why_remeasure(thin, {}, 3600.0, 6) == \
+        "it has fewer than the 6 runs a baseline needs at C=1 (its gate decided early)"
+    assert why_remeasure(thin, {}, 3600.0, 3) is None
+
+
 def test_swap_remeasures_an_old_stored_baseline_before_stopping_the_incumbent() -> None:
     """On the fake host: the incumbent's stored result is a year old, so the deploy measures
     the incumbent again while it still serves, stores that, and gates the candidate on it."""

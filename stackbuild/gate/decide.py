@@ -142,13 +142,13 @@ async def run_level(c: int, take: Take, profile: GateProfile, design: Design,
     """Runs at one level until the sequential test decides or its last look.
 
     A live incumbent (design.paired) is measured by `take` beside each candidate run; else
-    the candidate is compared with `stored`, or measured alone (a reference: `reference_runs`).
+    the candidate is compared with `stored`, or measured alone (a reference: `baseline_runs()`).
     `cand` collects the candidate's runs as they finish (the deadline keeps what was measured).
     """
     cand = [] if cand is None else cand
     inc: list[float] = []
     compared = design.paired or bool(stored)
-    target = design.first if compared else max(design.first, profile.reference_runs or 0)
+    target = design.first if compared else max(design.first, profile.baseline_runs())
     allowed = profile.max_failed_requests
     while True:
         while len(cand) < target and sum(r.failed for r in cand) <= allowed:

@@ -126,7 +126,7 @@ def expected_runs(profile: GateProfile, noise: NoiseSeen, *, stored: bool, trial
     """Run counts per level from the gate's own loop on this noise."""
     model = Noise("seen", {c: lv.sigma for c, lv in noise.levels.items()},
                   session=noise.drift or 0.0)
-    stored_runs = profile.reference_runs or profile.runs
+    stored_runs = profile.baseline_runs()
     out: dict[str, list[list[int]]] = {}
     passed = 0
     for case in ("equal", "bar"):

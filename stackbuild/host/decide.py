@@ -22,9 +22,11 @@ def verdict_of(result: GateResult, *, first: bool) -> str:
 HOST_FINGERPRINT = ("gpu_model", "gpu_count", "driver")
 
 
-def why_remeasure(stored: GateResult, host_facts: dict[str, str], max_age_s: float) -> str | None:
+def why_remeasure(stored: GateResult, host_facts: dict[str, str], max_age_s: float,
+                  min_runs: int = 1) -> str | None:
     """Why a stored baseline no longer stands for the incumbent, or None: older than the
-    profile's bound, or measured on other GPUs or another driver than the host has now."""
+    profile's bound, measured on other GPUs or another driver than the host has now, or
+    thinner than `min_runs` runs at a level (a promotion the gate decided early)."""
     changed = [f"{k} {stored.host[k]} -> {host_facts[k]}" for k in HOST_FINGERPRINT
                if stored.host.get(k) and host_facts.get(k) and stored.host[k] != host_facts[k]]
     if changed:
@@ -33,6 +35,10 @@ def why_remeasure(stored: GateResult, host_facts: dict[str, str], max_age_s: flo
     if age is None or age > max_age_s:
         return (f"it is {'of unknown age' if age is None else f'{age / 3600:.1f} h old'}, "
                 f"past the profile's bound of {max_age_s / 3600:g} h")
+    thin = [f"C={lv.concurrency}" for lv in stored.levels if len(lv.runs) < min_runs]
+    if thin:
+        return (f"it has fewer than the {min_runs} runs a baseline needs at {', '.join(thin)} "
+                "(its gate decided early)")
     return None
 
 
@@ -67,7 +73,8 @@ def incumbent_result(
                 stored = None
             same_path = stored is not None and stored.host.get("access", "direct") == svc.access
             if stored is not None and stored.fingerprint == fp and same_path:
-                why = why_remeasure(stored, rep.host_facts, req.profile.baseline_max_age_s)
+                why = why_remeasure(stored, rep.host_facts, req.profile.baseline_max_age_s,
+                                    req.profile.baseline_runs())
                 said = f"stored result of {state.current.digest[:19]} (fingerprint {fp})"
                 if why is None or not incumbent_active:
                     st.detail = said + (f"; {why}, but the incumbent is not serving" if why else "")

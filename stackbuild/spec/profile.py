@@ -150,7 +150,9 @@ class GateProfile(BaseModel):
     # independent); `gate --plan` shows what the ledger's runs had
     run_correlation: float = Field(default=0.0, ge=0, lt=0.9)
     baseline_max_age_s: float = Field(default=7 * 86400.0, gt=0)
-    # runs a gate with nothing to compare takes (it may become a stored baseline); None: runs
+    # runs a gate with nothing to compare takes (it may become a stored baseline); None: max_runs.
+    # A stored baseline limits the two-sample test to min(n, m) - 1 degrees of freedom: one of
+    # 3 runs leaves 2 (t 4.3 where 10 runs give 2.3), too few to decide at the noise of a run
     reference_runs: int | None = Field(default=None, ge=1)
     # absolute bars; None disables a bar
     min_tok_s_c1: float | None = None
@@ -263,7 +265,7 @@ class GateProfile(BaseModel):
         `stall_timeout_s`, long before this.
         """
         per = self.timeout_s
-        runs = max(self.max_runs, self.runs, self.reference_runs or 0)
+        runs = max(self.max_runs, self.runs, self.baseline_runs())
         out = {
             "ready": 2 * self.ready_timeout_s,
             "warmup": 2 * -(-self.warmup // max(1, min(max(self.concurrency), self.warmup or 1))) * per,
@@ -276,6 +278,11 @@ class GateProfile(BaseModel):
         if self.slo:
             out["capacity"] = 2 * CAPACITY_STEPS * self.rounds(1, self.capacity_min_requests) * per
         return out
+
+    def baseline_runs(self) -> int:
+        """Runs a reference measurement takes, and the fewest a stored baseline must hold at
+        each level to stand for the incumbent (fewer: it is measured again)."""
+        return self.reference_runs or max(self.runs, self.max_runs)
 
     def agreement_parts(self) -> tuple[AgreementSend, ...]:
         """What the output agreement sends to each side (nothing when agreement_prompts is 0)."""
