@@ -174,16 +174,6 @@ def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) ->
     return profiles[chosen]
 
 
-def _record(ledger: Path, result: Any) -> None:
-    from stackbuild.results.ledger import Ledger
-    from stackbuild.results.writer import update_report
-
-    with Ledger(ledger) as db:
-        db.record_gate(result)
-    click.echo(f"ledger: recorded {result.name} in {ledger}", err=True)
-    click.echo(f"report: {update_report(ledger)}", err=True)
-
-
 @click.command("gate")
 @click.option("--url", required=True, help="the candidate server, e.g. http://127.0.0.1:30000")
 @click.option("--baseline", "baseline_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -247,10 +237,14 @@ def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseli
     from stackbuild.gate.formats import markdown_summary, read_json, write_json, write_junit
     from stackbuild.gate.runner import run_gate
     from stackbuild.results.outputs import check_writable
+    from stackbuild.results.recorder import Recorder
 
     for path, flag in ((json_out, "--json"), (junit_out, "--junit")):
         if path:
             check_writable(path, flag)  # before minutes of measuring, not after
+    recorder = Recorder(ledger) if ledger else None
+    if recorder:
+        recorder.check()
     profile = _resolve_profile(ctx, stack, profile_name)
     try:
         profile = profile.with_overrides(
@@ -277,8 +271,8 @@ def gate_cmd(ctx: click.Context, /, url: str, baseline_file: Path | None, baseli
     if junit_out:
         write_junit(result, junit_out)
     click.echo(markdown_summary(result))
-    if ledger:
-        _record(ledger, result)
+    if recorder:
+        recorder.gate(result)
     why = "; ".join(result.reasons[:3]) or result.verdict
     if result.verdict == "fail":
         raise GateFailed(f"gate failed: {why}")

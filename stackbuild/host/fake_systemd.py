@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from stackbuild.host.fake_base import FakeRemote, UnknownCommand
 from stackbuild.host.fake_server import Behaviour, FakeHttp, Proc
 from stackbuild.host.ssh import RemoteResult
-from stackbuild.host.unit_probe import POLL_SCRIPT
+from stackbuild.host.unit_probe import POLL_SCRIPT, STATE_PROPERTIES
 from stackbuild.host.units import (
     COMMIT_SCRIPT,
     EXISTING_SCRIPT,
@@ -380,9 +380,7 @@ class FakeSystemd(FakeRemote):
             return self._ok(cmd, "".join(f"{path}\n" for path in p if path in self.files or path in self.dirs))
         if script == POLL_SCRIPT:
             (unit,) = p
-            st = self.units.get(unit, SysUnit())
-            show = (f"ActiveState={st.active}\nSubState={st.sub}\nNRestarts={st.restarts}\n"
-                    f"Result={st.result}\nExecMainStatus={st.exit_status}\n")
+            show = "".join(f"{prop}={SHOW[prop](self, unit)}\n" for prop in STATE_PROPERTIES)
             return self._ok(cmd, f"{show}---\n{self.socket_table()}")
         if script == LOGS_SCRIPT:
             unit, container, since = p

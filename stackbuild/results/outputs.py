@@ -21,10 +21,3 @@ def check_writable(path: Path, flag: str) -> None:
     if not existed:
         path.unlink(missing_ok=True)
 
-
-def check_ledger(path: Path) -> None:
-    """Open (and migrate) the ledger now, so a corrupt or unwritable one stops a deploy before the host."""
-    from stackbuild.results.ledger import Ledger
-
-    with Ledger(path):
-        pass
