@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helpers_deploy import CANDIDATE, FakeGate, sim_stack, with_incumbent
+from helpers_deploy import CANDIDATE, FakeGate, sim_stack, state, with_incumbent
 
 from stackbuild.effects.readiness import Pace, Probe
 from stackbuild.errors import InfraError
@@ -26,6 +26,7 @@ from stackbuild.host.fake import Client, FakeHost
 from stackbuild.host.request import GateFn
 from stackbuild.host.session import Reach, RunOptions
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions
+from stackbuild.host.state import HostState
 from stackbuild.spec.fleet import Fleet, FleetHost
 from stackbuild.spec.stack import Stack
 
@@ -62,6 +63,12 @@ def _open(fakes: dict[str, FakeHost]) -> None:
     """The test's own connection to each host (the rollout closed its own), to read them with."""
     for f in fakes.values():
         f.closed = False
+
+
+def look(f: FakeHost) -> HostState:
+    """The host's state file, read over the test's own connection (an op closed its own)."""
+    _open({"": f})
+    return state(f)
 
 
 @dataclass

@@ -249,9 +249,9 @@ def run_deploy(
         remote.close()
     if rep.needs_recovery:
         rep = _recover_once(address, args, req, svc, rep, echo)
-    if not args.dry_run:
-        _record(args, rep, profile, digest, echo)
     echo(rep.render())
+    if not args.dry_run:  # after the outcome: a ledger that fails now is a warning (results/recorder.py)
+        _record(args, rep, profile, digest, echo)
     if args.json_out:
         try:
             args.json_out.write_text(rep.to_json())
