@@ -253,11 +253,7 @@ class HostStatus:
 def status(remote: Remote, paths: HostPaths) -> HostStatus:
     state = read_state(remote, paths)
     boot = boot_facts(remote, paths.main_unit)
-    img = remote.run(
-        ["docker", "inspect", "--format", "{{.Config.Image}}", paths.service],
-        check=False,
-        what="inspect the container",
-        changes=False,
-    )
+    img = remote.run(units.container_image_argv(paths.service), check=False, what="inspect the container",
+                     changes=False)
     return HostStatus(state, boot.active == "active", img.stdout.strip() if img.ok else None,
                       read_lock(remote, paths), boot.enabled, boot.fragment == paths.override_path)

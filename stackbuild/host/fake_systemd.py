@@ -28,6 +28,7 @@ from stackbuild.host.units import (
     LOGS_SCRIPT,
     REMOVE_SCRIPT,
     SWITCH_SCRIPT,
+    container_image_argv,
     image_id_argv,
 )
 
@@ -352,7 +353,7 @@ class FakeSystemd(FakeRemote):
                 return RemoteResult(cmd, 1, "", f"Error response from daemon: manifest for {args[3]} not found")
             self.images.add(args[3])
             return self._ok(cmd, args[3] + "\n")
-        if args[:4] == ["docker", "inspect", "--format", "{{.Config.Image}}"] and len(args) == 5:
+        if len(args) == 5 and args == container_image_argv(args[4]):
             image = next((p.image for p in self.running.values() if p.container == args[4]), None)
             if image is None:
                 return RemoteResult(cmd, 1, "", f"Error: No such object: {args[4]}")

@@ -201,6 +201,11 @@ def image_id_argv(image: str) -> list[str]:
     return ["docker", "image", "inspect", "--format", "{{.Id}}", image]
 
 
+def container_image_argv(container: str) -> list[str]:
+    """The image a running container was started from; exit 1 when no such container runs."""
+    return ["docker", "inspect", "--format", "{{.Config.Image}}", container]
+
+
 def ensure_image(remote: Remote, image: str, timeout: float) -> bool:
     """Pull `image` unless the host has it; True when a pull happened."""
     have = remote.run(
