@@ -1,9 +1,11 @@
-"""A fleet of scripted FakeHosts for unit tests of `stackbuild deploy --fleet` (fleet.session.run_fleet).
+"""A fleet of scripted FakeHosts for unit tests of `stackbuild deploy --fleet` (fleet.session.run_fleet)
+and `status --fleet` (fleet.status.read_fleet).
 
-`FakeFleetOps` is the rollout's FleetOps over FakeHosts: each step is the code the real
-ops run on a host's connection (converge.settle, ops.preflight_on, ops.view_on, the deploy
-flow, ops.sample_on, converge.rollback), on that host's clock; only the connection and the
-gate (helpers_deploy.FakeGate, or one given per host) are stand-ins.
+The rollout runs the real ops (fleet.ops.RealOps), and through them the real single-host
+code (converge.settle, preflight, run_deploy and the deploy flow, the soak's samples,
+converge.rollback), on each host's clock. Only how a host is reached is a stand-in: `FakeReach`
+hands out the fake host as the connection, its servers as the HTTP side, and the gate
+(helpers_deploy.FakeGate, or one given per host).
 """
 
 from __future__ import annotations
@@ -13,19 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helpers_deploy import CANDIDATE, FakeGate, request, services, sim_stack, with_incumbent
+from helpers_deploy import CANDIDATE, FakeGate, sim_stack, state, with_incumbent
 
-from stackbuild.fleet.inventory import host_stack
-from stackbuild.fleet.ops import LOCK_TTL_S, paths_of, preflight_on, result_of, sample_on, view_on
+from stackbuild.effects.readiness import Pace, Probe
+from stackbuild.errors import InfraError
+from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.rollout import DeployResult, HostView
 from stackbuild.fleet.session import FleetArgs, run_fleet
-from stackbuild.fleet.soak import soak
-from stackbuild.host import converge, units
-from stackbuild.host.deploy import deploy
 from stackbuild.host.fake import Client, FakeHost
-from stackbuild.host.outcome import DeployReport
-from stackbuild.host.session import RunOptions
-from stackbuild.host.ssh import SshOptions
+from stackbuild.host.request import GateFn
+from stackbuild.host.session import Reach, RunOptions
+from stackbuild.host.ssh import HostAddress, Remote, SshOptions
+from stackbuild.host.state import HostState
 from stackbuild.spec.fleet import Fleet, FleetHost
 from stackbuild.spec.stack import Stack
 
@@ -58,64 +59,80 @@ def revive(fakes: dict[str, FakeHost]) -> None:
         f.client = client
 
 
+def _open(fakes: dict[str, FakeHost]) -> None:
+    """The test's own connection to each host (the rollout closed its own), to read them with."""
+    for f in fakes.values():
+        f.closed = False
+
+
+def look(f: FakeHost) -> HostState:
+    """The host's state file, read over the test's own connection (an op closed its own)."""
+    _open({"": f})
+    return state(f)
+
+
 @dataclass
-class FakeFleetOps:
+class FakeReach(Reach):
+    """The fake hosts by name: connecting to one hands out the host itself (a fresh connection to
+    it), its servers answer HTTP, its clock paces the pollers and the soak. `down`: names whose
+    sshd does not answer."""
+
     fakes: dict[str, FakeHost]
-    run: RunOptions
-    hosts: dict[str, FleetHost]
-    image: str
-    gates: dict[str, Callable[..., Any]] = field(default_factory=dict)  # host -> its gate (default: pass)
+    gates: dict[str, Callable[..., Any]] = field(default_factory=dict)  # name -> its gate (default: FakeGate)
+    down: set[str] = field(default_factory=set)
+
+    def _fake(self, remote: Remote) -> tuple[str, FakeHost]:
+        return next((n, f) for n, f in self.fakes.items() if f is remote)
+
+    def connect(self, address: HostAddress, opts: SshOptions) -> Remote:
+        if address.host in self.down or address.host not in self.fakes:
+            raise InfraError(f"cannot connect to {address} over SSH: Connection refused")
+        return self.fakes[address.host].reconnect()
+
+    def http_probe(self, remote: Remote) -> Callable[[str], Probe]:
+        return self._fake(remote)[1].http_probe
+
+    def pace(self, remote: Remote) -> Pace:
+        return self._fake(remote)[1].pace(0.5)
+
+    def gate(self, remote: Remote, access: str) -> GateFn:
+        name, f = self._fake(remote)
+        return self.gates.get(name) or FakeGate(f)
+
+    def watch(self, remote: Remote, url: str) -> tuple[int | None, str]:
+        healthy, _ = self._fake(remote)[1].http_probe(url).health()
+        return (200 if healthy else 503), ""
+
+
+@dataclass
+class TracedOps(RealOps):
+    """The real ops, with the order they were called in (`calls`: (step, host))."""
+
     calls: list[tuple[str, str]] = field(default_factory=list)
-
-    def stack_of(self, host: str) -> Stack:
-        return host_stack(self.run.stack, self.hosts[host])
-
-    def _conv(self, host: str, what: str) -> converge.Converger:
-        f, hs = self.fakes[host], self.stack_of(host)
-        rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy=what)
-        return converge.converger_for(hs, f.endpoint, rep, 1800.0, http_probe=f.http_probe, pace=f.pace(0.5))
 
     def converge(self, host: str) -> str | None:
         self.calls.append(("converge", host))
-        converge.settle(self.fakes[host], paths_of(self.stack_of(host)), self._conv(host, "converge"), LOCK_TTL_S)
-        return None
+        return super().converge(host)
 
     def preflight(self, host: str) -> str | None:
         self.calls.append(("preflight", host))
-        return preflight_on(self.fakes[host], self.stack_of(host), self.image)
+        return super().preflight(host)
 
     def view(self, host: str) -> HostView:
-        return view_on(self.fakes[host], self.stack_of(host), self.image)
-
-    def pull(self, host: str) -> str | None:
-        units.ensure_image(self.fakes[host], self.image, 1800.0)
-        return None
+        self.calls.append(("view", host))
+        return super().view(host)
 
     def deploy(self, host: str) -> DeployResult:
         self.calls.append(("deploy", host))
-        f, hs = self.fakes[host], self.stack_of(host)
-        rep = deploy(f, request(hs.host.strategy, self.image, stack=hs),
-                     services(f, self.gates.get(host) or FakeGate(f)))  # type: ignore[arg-type]
-        return result_of(rep, rep.exit_code)
+        return super().deploy(host)
 
     def soak(self, host: str, seconds: float, interval_s: float) -> str | None:
         self.calls.append(("soak", host))
-        f, hs = self.fakes[host], self.stack_of(host)
-        probe = f.http_probe(f"http://127.0.0.1:{hs.runtime.port}")
-
-        def sample() -> Any:
-            return sample_on(f, f"{hs.host.service}.service", 200 if probe.health()[0] else None, probe, {})
-
-        res = soak(sample, seconds, interval_s, clock=f.clock, sleep=f.sleep)
-        return None if res.ok else res.detail
+        return super().soak(host, seconds, interval_s)
 
     def revert(self, host: str) -> str | None:
         self.calls.append(("revert", host))
-        converge.rollback(self.fakes[host], paths_of(self.stack_of(host)), self._conv(host, "rollback"), LOCK_TTL_S)
-        return None
-
-    def host_class(self, host: str) -> str:
-        return "no GPU"
+        return super().revert(host)
 
 
 @dataclass
@@ -123,11 +140,19 @@ class FleetRun:
     """One `stackbuild deploy --fleet` process against the fake fleet: its output, ops and exit code."""
 
     out: list[str]
-    ops: list[FakeFleetOps]
+    ops: list[TracedOps]
     code: int | None = None
 
 
 Kill = Callable[[str, list[str]], bool]
+
+
+def fleet_args(fakes: dict[str, FakeHost], stack: Stack, tmp: Path,
+               gates: dict[str, Callable[..., Any]] | None = None) -> FleetArgs:
+    """The command's options: the candidate by digest, the ledger under `tmp`, the fake hosts' reach
+    (their servers are reached directly: no tunnel)."""
+    return FleetArgs(stack=stack, ssh=SshOptions(), image=CANDIDATE, ledger=tmp / "ledger.db", root=tmp,
+                     tunnel=False, reach=FakeReach(fakes, dict(gates or {})))
 
 
 def rollout(fakes: dict[str, FakeHost], stack: Stack, tmp: Path, gates: dict[str, Callable[..., Any]] | None = None,
@@ -140,11 +165,13 @@ def rollout(fakes: dict[str, FakeHost], stack: Stack, tmp: Path, gates: dict[str
     run = FleetRun([], [])
 
     def make_ops(opts: RunOptions, hosts: dict[str, FleetHost], image: str, echo: Callable[[str], None]
-                 ) -> FakeFleetOps:
-        ops = FakeFleetOps(fakes, opts, hosts, image, dict(gates or {}))
+                 ) -> TracedOps:
+        ops = TracedOps(run=opts, hosts=hosts, image=image, echo=echo)
         run.ops.append(ops)
         return ops
 
-    args = FleetArgs(stack=stack, ssh=SshOptions(), image=CANDIDATE, ledger=tmp / "ledger.db", root=tmp)
-    run.code = run_fleet(args, echo=run.out.append, make_ops=make_ops)  # type: ignore[arg-type]
+    try:
+        run.code = run_fleet(fleet_args(fakes, stack, tmp, gates), echo=run.out.append, make_ops=make_ops)
+    finally:
+        _open(fakes)
     return run

@@ -29,12 +29,12 @@ from stackbuild.host.fake import NEVER_LISTENS, FakeHost
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.ssh import READ_FILE_SCRIPT, sh_argv
 from stackbuild.host.state import HostState
-from stackbuild.host.unit_probe import POLL_SCRIPT
+from stackbuild.host.unit_probe import BOOT_PROPERTIES, POLL_SCRIPT, show_argv
 
 RESTORE_SECRETS = sh_argv(secrets.RESTORE_SCRIPT, ENV, BACKUP, CAND_ENV)
 REMOVE_CAND = sh_argv(units.REMOVE_SCRIPT, CAND_UNIT, *PATHS.candidate_paths)
 REMOVE_SWITCH = sh_argv(units.REMOVE_SCRIPT, PATHS.switch_unit, *PATHS.switch_paths)
-SHOW_MAIN = ["systemctl", "show", MAIN, *units.BOOT_PROPERTIES]
+SHOW_MAIN = show_argv(MAIN, BOOT_PROPERTIES)
 STAGED, STAGED_STATE = f"{PATHS.staging_dir}/{MAIN}", f"{PATHS.staging_dir}/state.json"
 COMMIT = sh_argv(units.COMMIT_SCRIPT, STAGED, PATHS.main_path, PATHS.override_path, MAIN, STAGED_STATE,
                  PATHS.state_file, BACKUP, f"{BACKUP}.absent", CAND_ENV)

@@ -36,7 +36,7 @@ from helpers_deploy import (
 
 from stackbuild.gate.result import GateResult
 from stackbuild.host import secrets, units
-from stackbuild.host.fake import DOCKER_INFO, TCP_SCRIPT
+from stackbuild.host.preflight import DOCKER_INFO, TCP_SCRIPT
 from stackbuild.host.ssh import READ_FILE_SCRIPT, READ_IF_EXISTS_SCRIPT, sh_argv
 from stackbuild.host.state import ACQUIRE_SCRIPT, RELEASE_SCRIPT, release_key
 from stackbuild.host.unit_probe import POLL_SCRIPT

@@ -48,7 +48,7 @@ def test_gpu_host_promotes_and_the_result_carries_the_host_facts() -> None:
         "docker: docker 27.3.1; nvidia runtime: NVIDIA container runtime or CDI spec found; "
         "gpu count: 8 GPU(s), the stack needs 8 (tp=8); gpu arch: host has sm_120; stack is built for sm_120; "
         "driver: driver 580.65.06, CUDA 13.0.1 needs >= 580; "
-        "disk: 200.0 GiB free under /var/lib/docker, the image needs 1.0 GiB; "
+        "disk: 200.0 GiB free under /var/lib/docker, the image needs 64.0 GiB; "
         "ulimit memlock: runtime.ulimits memlock=-1, the docker daemon's hard limit is unlimited; "
         "ulimit stack: runtime.ulimits stack=67108864, the docker daemon's hard limit is unlimited; "
         "ulimit nofile: runtime.ulimits nofile=1048576, the docker daemon's hard limit is 1048576; "

@@ -181,6 +181,10 @@ def test_deploy_builds_and_pushes_when_no_image_is_given(project: Project) -> No
     assert isinstance(cur, dict)
     assert str(cur["image"]).startswith("127.0.0.1:5000/stackbuild-deploytest@sha256:")
     assert f"built {cur['image'].split('@')[0]}:simtest-" in out or "already" in out
+    from stackbuild.results.ledger import Ledger
+
+    with Ledger(p.ledger) as ledger:  # the image the deploy built is in the builds table, like `build`'s
+        assert cur["digest"] in [b.digest for b in ledger.builds()]
 
 
 def test_dead_peer_fails_in_seconds(project: Project) -> None:

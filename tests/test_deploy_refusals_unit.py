@@ -29,7 +29,7 @@ from stackbuild.errors import InfraError
 from stackbuild.host import units
 from stackbuild.host.deploy import CHANNEL_TRIES, deploy, recover
 from stackbuild.host.dryrun import DryRunRemote
-from stackbuild.host.fake import DOCKER_INFO
+from stackbuild.host.preflight import DOCKER_INFO
 from stackbuild.host.ssh import sh_argv
 from stackbuild.host.state import HostState, LockOwner, Pending, write_state
 from stackbuild.host.unit_probe import POLL_SCRIPT

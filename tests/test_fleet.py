@@ -313,21 +313,20 @@ def test_host_stack_applies_overrides_and_select_by_name() -> None:
 
 
 def test_ledger_rollouts_round_trip_and_resume_order(tmp_path: Path) -> None:
-    from stackbuild.fleet.record import finish_rollout, record_host, rollouts, start_rollout
     from stackbuild.results.ledger import Ledger
 
     with Ledger(tmp_path / "l.db") as db:
-        start_rollout(db, id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="halt",
-                      plan=[["a"], ["b"]])
-        record_host(db, "r1", host="a", wave=0, outcome="promoted", verdict="pass", detail="",
+        db.start_rollout(id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="halt",
+                         plan=[["a"], ["b"]])
+        db.record_rollout_host("r1", host="a", wave=0, outcome="promoted", verdict="pass", detail="",
                                flagged=None, medians={4: 120.5})
-        start_rollout(db, id="r2", stack="s", image="i@sha256:2", digest="sha256:2", policy="halt", plan=[["a"]])
-        finish_rollout(db, "r2", "completed", None)
-        record_host(db, "r1", host="a", wave=0, outcome="reverted", verdict="pass", detail="hf_" + "a" * 20,
+        db.start_rollout(id="r2", stack="s", image="i@sha256:2", digest="sha256:2", policy="halt", plan=[["a"]])
+        db.finish_rollout("r2", "completed", None)
+        db.record_rollout_host("r1", host="a", wave=0, outcome="reverted", verdict="pass", detail="hf_" + "a" * 20,
                                flagged=None, medians={4: 120.5})
-        start_rollout(db, id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="rollback_all",
-                      plan=[["a"], ["b"]])  # resumed: last by activity, running again
-        got = rollouts(db)
+        db.start_rollout(id="r1", stack="s-good", image="i@sha256:1", digest="sha256:1", policy="rollback_all",
+                         plan=[["a"], ["b"]])  # resumed: last by activity, running again
+        got = db.rollouts()
     assert [(r.id, r.outcome, r.policy) for r in got] == [("r2", "completed", "halt"),
                                                           ("r1", "running", "rollback_all")]
     (a,) = got[1].hosts
@@ -335,18 +334,17 @@ def test_ledger_rollouts_round_trip_and_resume_order(tmp_path: Path) -> None:
 
 
 def test_a_rollout_resumed_under_another_plan_keeps_only_its_hosts_rows(tmp_path: Path) -> None:
-    from stackbuild.fleet.record import record_host, rollouts, start_rollout
     from stackbuild.results.ledger import Ledger
 
     with Ledger(tmp_path / "l.db") as db:
-        start_rollout(db, id="r1", stack="s", image="i@sha256:1", digest="sha256:1", policy="halt",
-                      plan=[["a"], ["b", "gone"]])
+        db.start_rollout(id="r1", stack="s", image="i@sha256:1", digest="sha256:1", policy="halt",
+                         plan=[["a"], ["b", "gone"]])
         for h in ("a", "gone"):
-            record_host(db, "r1", host=h, wave=0, outcome="refused", verdict=None, detail="", flagged=None,
-                        medians={})
-        start_rollout(db, id="r1", stack="s", image="i@sha256:1", digest="sha256:1", policy="halt",
-                      plan=[["a"], ["b"]])
-        (r,) = rollouts(db)
+            db.record_rollout_host("r1", host=h, wave=0, outcome="refused", verdict=None, detail="", flagged=None,
+                                   medians={})
+        db.start_rollout(id="r1", stack="s", image="i@sha256:1", digest="sha256:1", policy="halt",
+                         plan=[["a"], ["b"]])
+        (r,) = db.rollouts()
     assert (r.plan, [h.host for h in r.hosts]) == ([["a"], ["b"]], ["a"])
 
 
@@ -404,8 +402,8 @@ def test_hosts_words_that_are_not_declared_must_be_addresses() -> None:
 
 
 def test_fleet_status_table() -> None:
-    from stackbuild.fleet.record import RolloutHostRecord, RolloutRecord
     from stackbuild.fleet.status import HostStatusRow, render
+    from stackbuild.results.ledger import RolloutHostRecord, RolloutRecord
 
     rows = [HostStatusRow("h0", "svc0", True, "r@sha256:" + "a" * 64, "sim-good", "pass", None, None,
                           enabled="enabled"),

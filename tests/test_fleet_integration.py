@@ -140,11 +140,10 @@ class Fleet:
             assert h.sh(f"test -d /var/lib/stackbuild/{self.service(i)}/lock").returncode != 0, f"h{i} lock held"
 
     def last_rollout(self) -> object:
-        from stackbuild.fleet.record import rollouts
         from stackbuild.results.ledger import Ledger
 
         with Ledger(self.ledger) as db:
-            return rollouts(db)[-1]
+            return db.rollouts()[-1]
 
     def status(self) -> str:
         r = subprocess.run(self.cli("status", "--fleet", "fleettest", "--inventory", str(self.inventory()),

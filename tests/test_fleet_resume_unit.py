@@ -17,10 +17,10 @@ import pytest
 from helpers_deploy import CANDIDATE, INCUMBENT, MAIN, PATHS, assert_boots_what_the_state_names, state
 from helpers_fleet import Kill, fake_fleet, fleet_stack, revive, rollout
 
-from stackbuild.fleet.record import rollouts
 from stackbuild.gate.result import GateResult
 from stackbuild.host import units
 from stackbuild.host.fake import FakeHost, Killed
+from stackbuild.host.unit_probe import STATE_PROPERTIES, show_argv
 from stackbuild.results.ledger import Ledger
 
 Argv = list[str]
@@ -31,8 +31,7 @@ def _on_h1(pred: Callable[[Argv], bool]) -> Kill:
     return lambda addr, args: addr == H1 and pred(args)
 
 
-SOAK_SHOW = ["systemctl", "show", MAIN, "-p", "ActiveState", "-p", "SubState", "-p", "NRestarts", "-p", "Result",
-             "-p", "ExecMainStatus"]
+SOAK_SHOW = show_argv(MAIN, STATE_PROPERTIES)
 # step -> (kill before, kill after); "gating" kills from h1's gate
 STEPS: dict[str, tuple[Kill | None, Kill | None]] = {
     "staged": (_on_h1(lambda a: a == ["<put>", PATHS.state_file, "0644"]), None),
@@ -54,7 +53,7 @@ def _killing_gate(host: FakeHost) -> Callable[..., GateResult]:
 
 def _ledger(tmp: Path) -> list[tuple[str, str, dict[str, str]]]:
     with Ledger(tmp / "ledger.db") as db:
-        return [(r.id, r.outcome, {h.host: h.outcome for h in r.hosts}) for r in rollouts(db)]
+        return [(r.id, r.outcome, {h.host: h.outcome for h in r.hosts}) for r in db.rollouts()]
 
 
 @pytest.mark.parametrize(("step", "strategy"), CASES)

@@ -97,10 +97,7 @@ def test_modules_stay_readable_in_one_sitting() -> None:
 
 
 # Imports of another folder's private names that exist today; each one is to go, and this list with it.
-PRIVATE_ALLOWED = {
-    "stackbuild.fleet.record -> stackbuild.results.ledger._now",
-    "stackbuild.fleet.record -> stackbuild.results.ledger._opt",
-}
+PRIVATE_ALLOWED: set[str] = set()
 
 
 def _private_uses() -> set[str]:

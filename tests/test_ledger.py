@@ -10,19 +10,21 @@ import pytest
 from test_report import USERS, result
 
 from stackbuild.errors import InputError
-from stackbuild.results.ledger import _MIGRATIONS, SCHEMA_VERSION, Ledger, redact, redact_text
+from stackbuild.results.ledger import Ledger
+from stackbuild.results.redact import redact, redact_text
+from stackbuild.results.schema import MIGRATIONS, SCHEMA_VERSION
 
 
 def test_fresh_ledger_is_at_the_latest_schema(tmp_path: Path) -> None:
     with Ledger(tmp_path / "l.db") as db:
-        assert db.schema_version == SCHEMA_VERSION == len(_MIGRATIONS)
+        assert db.schema_version == SCHEMA_VERSION == len(MIGRATIONS)
 
 
 def test_old_file_is_migrated_in_place(tmp_path: Path) -> None:
     path = tmp_path / "l.db"  # a version-1 file, built by hand as an old stackbuild left it
     raw = sqlite3.connect(path)
     raw.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    for stmt in _MIGRATIONS[0]:
+    for stmt in MIGRATIONS[0]:
         raw.execute(stmt)
     raw.execute("INSERT INTO schema_version VALUES (1)")
     raw.execute("INSERT INTO deploys (recorded_at, host, stack, variant, config, image, digest, strategy, outcome,"

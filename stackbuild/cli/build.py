@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
-
-if TYPE_CHECKING:
-    from stackbuild.image.build import BuildResult
-    from stackbuild.spec.stack import Stack
 
 
 @click.command("build")
@@ -38,10 +33,14 @@ def build_cmd(
     from stackbuild.image.build import build_stack
     from stackbuild.paths import stack_root
     from stackbuild.results.ledger import default_ledger_path
+    from stackbuild.results.recorder import Recorder
     from stackbuild.spec.load import load_stack
 
     root: Path | None = (ctx.obj or {}).get("root")
     spec = load_stack(stack, root=root, variant=variant)
+    recorder = Recorder(ledger or default_ledger_path(stack_root(root)))
+    if not dry_run:
+        recorder.check()  # before the build: a bad --ledger is found in seconds, not after it
     result = build_stack(
         spec,
         root=root,
@@ -52,23 +51,8 @@ def build_cmd(
         progress=None if progress == "auto" else progress,
     )
     if not dry_run:
-        record_build(spec, result, ledger or default_ledger_path(stack_root(root)))
+        recorder.build(spec, result)
         click.echo(result.repo_digest or result.image)
-
-
-def record_build(spec: Stack, result: BuildResult, path: Path) -> None:
-    """Every image built (or first seen by this ledger) lands in the ledger with its lock."""
-    from stackbuild.results.ledger import Ledger
-    from stackbuild.results.writer import update_report
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with Ledger(path) as db:
-        if any(b.image == result.image and b.digest == result.digest for b in db.builds()):
-            return
-        db.record_build(stack=spec.name, variant=spec.variant, image=result.image, digest=result.digest,
-                        content_hash=result.hash, lock=result.lock)
-    click.echo(f"ledger: recorded the build of {result.image} in {path}", err=True)
-    click.echo(f"report: {update_report(path)}", err=True)
 
 
 @click.command("promote")

@@ -55,16 +55,19 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str,
     _ensure_infra(root)
     base = load_stack("sim", root=(ctx.obj or {}).get("root"))
     click.echo(f"demo: building {base.label} with BuildKit and pushing it to {registry}")
-    from stackbuild.cli.build import record_build
     from stackbuild.image.build import build_stack
+    from stackbuild.results.ledger import default_ledger_path
+    from stackbuild.results.recorder import Recorder
 
+    ledger = default_ledger_path(root)
+    recorder = Recorder(ledger)
+    recorder.check()
     built = build_stack(base, registry=registry, push=True)
     if not built.digest:
         raise InfraError("demo: the build pushed no digest; cannot deploy by digest")
     image = pin(built.image, built.digest)
     click.echo(f"demo: image {image}")
-    ledger = root / ".stackbuild" / "ledger.db"
-    record_build(base, built, ledger)
+    recorder.build(base, built)
     if fleet_n:
         from stackbuild.cli.demo_fleet import run_demo_fleet
 
@@ -98,11 +101,8 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str,
         if not keep_host:
             local.stop(host, (base.host.service,))
     click.echo("\n=== results")
-    try:
-        from stackbuild.results.writer import update_report
-
-        report = update_report(ledger)
-    except ImportError:  # no report writer here: a table of this run's deploys instead
+    report = recorder.refresh()
+    if report is None:  # not written (warned): a table of this run's deploys instead
         click.echo(deploy_table(reports))
     else:
         click.echo(f"({report})\n")

@@ -32,12 +32,10 @@ def inventory_text(hosts: list[tuple[str, int, int]]) -> str:
 def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, registry: str, ledger: Path,
                    keep: bool, echo: Callable[[str], None]) -> None:
     from stackbuild.effects.net import free_port
-    from stackbuild.fleet.record import rollouts
     from stackbuild.fleet.session import FleetArgs, run_fleet
-    from stackbuild.fleet.status import read_fleet, render
+    from stackbuild.fleet.status import latest_rollout, read_fleet, render
     from stackbuild.host import local
     from stackbuild.host.ssh import SshOptions
-    from stackbuild.results.ledger import Ledger
     from stackbuild.spec.load import load_stack
 
     work = root / ".stackbuild" / "demo-fleet"
@@ -66,9 +64,7 @@ def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, regist
         echo("\n=== fleet status")
         base = load_stack("sim", root=root_opt)
         rows = read_fleet(base, ssh, None, inv)
-        with Ledger(ledger) as db:
-            last = rollouts(db)[-1]
-        echo(render(rows, last))
+        echo(render(rows, latest_rollout(ledger, base)))
         wrong = [r.host for r in rows if r.release != "sim-eagle3-topk1-v2" or not r.active]
         if wrong:
             raise InfraError(f"demo --fleet: not on the passing candidate: {', '.join(wrong)}")

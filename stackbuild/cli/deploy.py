@@ -235,16 +235,10 @@ def status_cmd(
         _fleet_status(ctx, fleet_stack, _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout),
                       hosts_csv, inventory, ledger)
         return
-    from stackbuild.host.converge import status
-    from stackbuild.host.ssh import connect, parse_host
-    from stackbuild.host.state import HostPaths
+    from stackbuild.host.session import read_status
 
-    address = parse_host(_need_host(host_text))
-    remote = connect(address, _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout))
-    try:
-        st = status(remote, HostPaths(state_dir, service or _only_service(remote, state_dir)))
-    finally:
-        remote.close()
+    ssh = _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout)
+    address, st = read_status(_need_host(host_text), ssh, service=service, state_dir=state_dir)
     click.echo(st.state.model_dump_json(indent=2) if as_json else st.render(str(address)))
 
 
@@ -275,51 +269,23 @@ def rollback_cmd(
     dry_run: bool,
 ) -> None:
     """Put the previous image back on a host, verified serving."""
-    from stackbuild.host.converge import Converger, rollback
-    from stackbuild.host.dryrun import DryRunRemote
-    from stackbuild.host.outcome import DeployReport
-    from stackbuild.host.session import Endpoint
-    from stackbuild.host.ssh import connect, parse_host
-    from stackbuild.host.state import HostPaths
+    from stackbuild.host.session import run_rollback
 
-    address = parse_host(_need_host(host_text))
-    real = connect(address, _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout))
-    remote: Any = DryRunRemote(str(address), reader=real, echo=click.echo) if dry_run else real
-    try:
-        service = service or _only_service(real, state_dir)
-    except BaseException:
-        real.close()
-        raise
-    rep = DeployReport(host=str(address), service=service, stack="-", image="-", strategy="rollback")
-    try:
-        conv = Converger(
-            endpoint=Endpoint(remote, address, tunnel),
-            report=rep,
-            start_timeout_s=timeout_s,
-            ready_timeout_s=timeout_s,
-        )
-        rollback(remote, HostPaths(state_dir, service), conv, lock_ttl_s=4 * 3600)
-    finally:
-        remote.close()
+    rep = run_rollback(_need_host(host_text), _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout),
+                       service=service, state_dir=state_dir, timeout_s=timeout_s, tunnel=tunnel, dry_run=dry_run,
+                       echo=click.echo)
     click.echo(rep.render())
 
 
 def _fleet_status(ctx: click.Context, stack_name: str, ssh: Any, hosts_csv: str | None,
                   inventory: Path | None, ledger: Path | None) -> None:
-    from stackbuild.fleet.record import rollouts
-    from stackbuild.fleet.status import read_fleet, render
-    from stackbuild.results.ledger import Ledger, default_ledger_path
+    from stackbuild.fleet.status import latest_rollout, read_fleet, render
+    from stackbuild.results.ledger import default_ledger_path
     from stackbuild.spec.load import load_stack
 
     stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"))
     rows = read_fleet(stack, ssh, [h.strip() for h in hosts_csv.split(",")] if hosts_csv else None, inventory)
-    path = ledger or default_ledger_path(_root(ctx))
-    last = None
-    if path.exists():
-        with Ledger(path) as db:
-            mine = [r for r in rollouts(db) if r.stack == stack.name or r.stack.startswith(stack.name + "-")]
-        last = mine[-1] if mine else None
-    click.echo(render(rows, last))
+    click.echo(render(rows, latest_rollout(ledger or default_ledger_path(_root(ctx)), stack)))
     if any(r.error for r in rows):
         _exit(4)
 
@@ -335,20 +301,6 @@ def _validate_fully(stack: Any) -> None:
             click.echo(str(f), err=True)
     if errors := [f for f in findings if f.severity == "error"]:
         raise SpecError(errors)
-
-
-def _only_service(remote: Any, state_dir: str) -> str:
-    """The service to act on when --service is not given: the one the host has state for."""
-    from stackbuild.host.ssh import sh_argv
-
-    res = remote.run(sh_argv('ls -1 "$1" 2>/dev/null', state_dir), check=False, what="list services",
-                     changes=False)
-    found: list[str] = sorted(str(n) for n in res.stdout.split() if n)
-    if len(found) == 1:
-        return found[0]
-    if not found:
-        raise InputError(f"{remote.address}: no stackbuild service under {state_dir}; nothing deployed there yet")
-    raise InputError(f"{remote.address} has several services ({', '.join(found)}); pass --service NAME")
 
 
 def _need_host(host_text: str | None) -> str:

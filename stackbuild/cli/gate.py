@@ -176,20 +176,9 @@ def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) ->
 
 def _plan(ctx: click.Context, profile: Any, ledger: Path | None, *, stored: bool,
           name: str) -> str:
-    from stackbuild.results.ledger import default_ledger_path, gate_plan
+    from stackbuild.results.ledger import gate_plan, ledger_path
 
-    path = ledger or default_ledger_path((ctx.obj or {}).get("root") or Path.cwd())
-    return gate_plan(profile, path, stored=stored, name=name)
-
-
-def _record(ledger: Path, result: Any) -> None:
-    from stackbuild.results.ledger import Ledger
-    from stackbuild.results.writer import update_report
-
-    with Ledger(ledger) as db:
-        db.record_gate(result)
-    click.echo(f"ledger: recorded {result.name} in {ledger}", err=True)
-    click.echo(f"report: {update_report(ledger)}", err=True)
+    return gate_plan(profile, ledger_path(ledger, (ctx.obj or {}).get("root")), stored=stored, name=name)
 
 
 @click.command("gate")
@@ -265,10 +254,14 @@ def gate_cmd(ctx: click.Context, /, url: str | None, baseline_file: Path | None,
     from stackbuild.gate.formats import markdown_summary, read_json, write_json, write_junit
     from stackbuild.gate.runner import run_gate
     from stackbuild.results.outputs import check_writable
+    from stackbuild.results.recorder import Recorder
 
     for path, flag in ((json_out, "--json"), (junit_out, "--junit")):
         if path:
             check_writable(path, flag)  # before minutes of measuring, not after
+    recorder = Recorder(ledger) if ledger else None
+    if recorder:
+        recorder.check()
     profile = _resolve_profile(ctx, stack, profile_name)
     try:
         profile = profile.with_overrides(
@@ -303,8 +296,8 @@ def gate_cmd(ctx: click.Context, /, url: str | None, baseline_file: Path | None,
     if junit_out:
         write_junit(result, junit_out)
     click.echo(markdown_summary(result))
-    if ledger:
-        _record(ledger, result)
+    if recorder:
+        recorder.gate(result)
     why = "; ".join(result.reasons[:3]) or result.verdict
     if result.verdict == "fail":
         raise GateFailed(f"gate failed: {why}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from stackbuild.errors import Finding, InputError, SpecError
+from stackbuild.spec.check import check_flags
 from stackbuild.spec.fleet import Fleet, FleetHost, Inventory
 from stackbuild.spec.kinds import SshTarget
 from stackbuild.spec.load import control_char_findings, read_located
@@ -103,8 +104,6 @@ def host_stack(stack: Stack, h: FleetHost) -> Stack:
 def check_host_flags(stack: Stack, hosts: list[FleetHost], where: str) -> None:
     """Per-host flags pass the same flag check `validate` runs on server.flags, before any host
     is touched; every error is one line naming the host (exit 2)."""
-    from stackbuild.spec.check import check_flags
-
     problems = []
     for h in hosts:
         if h.flags:

@@ -1,10 +1,11 @@
-"""The real `FleetOps`: each call opens its own SSH connection to one host and goes
-through the single-host code (converge.settle, preflight, ensure_image, run_deploy,
-converge.rollback). What a step does on a host's connection is a function of that
-connection (`*_on`), which the unit tests run on the scripted fake hosts.
+"""The real `FleetOps`: each call opens its own connection to one host (through the rollout's
+`Reach`) and goes through the single-host code (converge.settle, preflight, ensure_image,
+run_deploy, converge.rollback). What a step does on a host's connection is a function of that
+connection (`*_on`).
 
 Hosts run in parallel threads, so nothing here is shared between calls except
-read-only settings and the output lock.
+read-only settings and the output lock. The unit tests run this very class on the
+scripted fake hosts (tests/helpers_fleet.py passes a `Reach` over them).
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from stackbuild.fleet.plan import host_class, spread
 from stackbuild.fleet.rollout import DeployResult, HostView
 from stackbuild.fleet.soak import Sample, parse_counters, soak
 from stackbuild.gate.result import GateResult
+from stackbuild.host import converge, units
 from stackbuild.host.outcome import DeployReport
-from stackbuild.host.session import Endpoint, RunOptions
-from stackbuild.host.ssh import FabricRemote, Remote, connect, parse_host
-from stackbuild.host.state import HostPaths
+from stackbuild.host.preflight import run_preflight
+from stackbuild.host.session import Endpoint, RunOptions, deploy_args, run_deploy
+from stackbuild.host.ssh import Remote, parse_host
+from stackbuild.host.state import HostPaths, read_state
+from stackbuild.host.unit_probe import unit_state
+from stackbuild.render.stack import render_unit
 from stackbuild.spec.fleet import FleetHost
 from stackbuild.spec.stack import Stack
-
-# a killed run's lock is broken by its dead pid; this bounds one whose owner cannot be judged
-LOCK_TTL_S = 4 * 3600.0
 
 
 def paths_of(hs: Stack) -> HostPaths:
@@ -38,26 +40,15 @@ def paths_of(hs: Stack) -> HostPaths:
 
 def preflight_on(r: Remote, hs: Stack, image: str) -> str | None:
     """The single deploy's preflight, with the same ports (ours may be held by our own incumbent)."""
-    from stackbuild.host import units
-    from stackbuild.host.preflight import run_preflight
-    from stackbuild.host.state import read_state
-
     paths = paths_of(hs)
-    sbs = hs.host.strategy == "side-by-side"
     state = read_state(r, paths)
     active = state.current is not None and units.is_active(r, paths.main_unit)
-    port = hs.runtime.staging_port if sbs else hs.runtime.port
-    ports = {port: not sbs and active} | ({hs.runtime.port: active} if sbs else {})
-    pf = run_preflight(r, hs, image=image, ports=ports, need_free_kib=(1 if hs.runtime.gpus == "none" else 64) * 2**20)
+    pf = run_preflight(r, hs, image=image, strategy=hs.host.strategy, incumbent_active=active)
     return None if pf.ok else "; ".join(f"{c.name}: {c.detail}" for c in pf.failures)
 
 
 def view_on(r: Remote, hs: Stack, image: str) -> HostView:
-    from stackbuild.host.converge import status
-    from stackbuild.render.stack import render_unit
-
-    paths = paths_of(hs)
-    st = status(r, paths)
+    st = converge.status(r, paths_of(hs))
     cur = st.state.current
     want = render_unit(hs, image=image, port=hs.runtime.port, name=hs.host.service)
     return HostView(
@@ -84,18 +75,14 @@ def result_of(rep: DeployReport, code: int) -> DeployResult:
 
 def sample_on(r: Remote, unit: str, health_status: int | None, probe: Probe, counters: dict[str, float]) -> Sample:
     """One soak sample: the HTTP side as measured, one generation, the unit's state from systemd."""
-    from stackbuild.host.unit_probe import parse_show
-
     ok, detail = probe.generate()
-    show = r.run(["systemctl", "show", unit, "-p", "ActiveState", "-p", "SubState", "-p", "NRestarts",
-                  "-p", "Result", "-p", "ExecMainStatus"], check=False, what="unit state", changes=False)
-    st = parse_show(show.stdout)
+    st = unit_state(r, unit)
     return Sample(health_status, ok, detail, counters, st.active, st.restarts)
 
 
 @dataclass
 class RealOps:
-    run: RunOptions  # the rollout's options
+    run: RunOptions  # the rollout's options (run.reach: how its hosts are reached)
     hosts: dict[str, FleetHost]
     image: str  # the candidate, resolved and pinned: REPO@sha256:...
     echo: Callable[[str], None] = print
@@ -108,8 +95,8 @@ class RealOps:
         return hs.model_copy(update={"host": hs.host.model_copy(update={"channel": None})})
 
     @contextmanager
-    def remote(self, host: str) -> Iterator[FabricRemote]:
-        r = connect(parse_host(self.hosts[host].target), self.run.ssh)
+    def remote(self, host: str) -> Iterator[Remote]:
+        r = self.run.reach.connect(parse_host(self.hosts[host].target), self.run.ssh)
         try:
             yield r
         finally:
@@ -121,18 +108,19 @@ class RealOps:
                 for part in ln.splitlines() or [""]:
                     self.echo(f"[{host}] {part}")
 
-    def endpoint(self, host: str, r: FabricRemote) -> Endpoint:
+    def endpoint(self, host: str, r: Remote) -> Endpoint:
         return Endpoint(r, parse_host(self.hosts[host].target), self.run.tunnel)
+
+    def _converger(self, host: str, r: Remote, what: str) -> converge.Converger:
+        hs = self.stack_of(host)
+        rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy=what)
+        return converge.converger_for(hs, self.endpoint(host, r), rep, self.pull_timeout_s,
+                                      http_probe=self.run.reach.http_probe(r), pace=self.run.reach.pace(r))
 
     # --- FleetOps ---------------------------------------------------------------
     def converge(self, host: str) -> str | None:
-        from stackbuild.host import converge
-
-        hs = self.stack_of(host)
-        rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy="converge")
         with self.remote(host) as r:
-            conv = converge.converger_for(hs, self.endpoint(host, r), rep, self.pull_timeout_s)
-            did = converge.settle(r, paths_of(hs), conv, LOCK_TTL_S)
+            did = converge.settle(r, paths_of(self.stack_of(host)), self._converger(host, r, "converge"))
         if did != "nothing to converge":
             self.say(host, [f"converged: {did}"])
         return None
@@ -146,15 +134,11 @@ class RealOps:
             return view_on(r, self.stack_of(host), self.image)
 
     def pull(self, host: str) -> str | None:
-        from stackbuild.host import units
-
         with self.remote(host) as r:
             units.ensure_image(r, self.image, self.pull_timeout_s)
         return None
 
     def deploy(self, host: str) -> DeployResult:
-        from stackbuild.host.session import deploy_args, run_deploy
-
         hs = self.stack_of(host)
         lines: list[str] = []
         reports: list[DeployReport] = []
@@ -162,57 +146,39 @@ class RealOps:
         try:
             code = run_deploy(args, echo=lines.append, reports=reports)
         except Exception as err:
-            # run_deploy records after deciding: an error there (ledger, report) may follow a promotion,
-            # so ask the host what it runs rather than guess
+            # an error out of run_deploy may follow a promotion (a bug past the decision), so ask
+            # the host what it runs rather than guess
             lines.append(f"deploy did not finish cleanly: {(str(err) or type(err).__name__).splitlines()[0]}")
             self.say(host, lines)
-            if not isinstance(err, StackbuildError) and not self.view(host).on_candidate:
+            on_candidate = self.view(host).on_candidate
+            if not isinstance(err, StackbuildError) and not on_candidate:
                 raise
-            if self.view(host).on_candidate:
+            if on_candidate:
                 return DeployResult("promoted", 0, None, f"promoted; {lines[-1]}")
             return DeployResult("failed", getattr(err, "exit_code", 4), cause=str(err).splitlines()[0])
         self.say(host, lines)
         return result_of(reports[-1], code)
 
     def soak(self, host: str, seconds: float, interval_s: float) -> str | None:
-        from stackbuild.effects import http
-        from stackbuild.effects.readiness import HttpProbe
-
         hs = self.stack_of(host)
         with self.remote(host) as r, self.endpoint(host, r)(hs.runtime.port) as url:
+            probe, pace = self.run.reach.http_probe(r)(url), self.run.reach.pace(r)
 
             def sample() -> Sample:
-                status = http.status(f"{url}/health_generate", timeout=20.0)
-                return sample_on(r, hs.host.service + ".service", status, HttpProbe(url), _metrics(url))
+                health, metrics = self.run.reach.watch(r, url)
+                return sample_on(r, paths_of(hs).main_unit, health, probe, parse_counters(metrics))
 
-            res = soak(sample, seconds, interval_s)
+            res = soak(sample, seconds, interval_s, clock=pace.clock, sleep=pace.sleep)
         self.say(host, [f"soak: {'held' if res.ok else 'REGRESSED'}: {res.detail}"])
         return None if res.ok else res.detail
 
     def revert(self, host: str) -> str | None:
-        from stackbuild.host import converge
-
-        hs = self.stack_of(host)
-        rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy="rollback")
         with self.remote(host) as r:
-            conv = converge.converger_for(hs, self.endpoint(host, r), rep, self.pull_timeout_s)
-            converge.rollback(r, paths_of(hs), conv, lock_ttl_s=LOCK_TTL_S)
-        self.say(host, ["reverted to the incumbent: " + (rep.cause or rep.outcome)])
+            conv = self._converger(host, r, "rollback")
+            converge.rollback(r, paths_of(self.stack_of(host)), conv)
+        self.say(host, ["reverted to the incumbent: " + (conv.report.cause or conv.report.outcome)])
         return None
 
     def host_class(self, host: str) -> str:
         h, hs = self.hosts[host], self.stack_of(host)
         return host_class(hs.runtime.gpus, h.gpu_model, hs.host.driver)
-
-
-def _metrics(url: str) -> dict[str, float]:
-    from stackbuild.effects import http
-
-    try:
-        reply = http.get(f"{url}/metrics", timeout=10.0)
-    except http.HttpFailure:
-        return {}
-    # /metrics needs --enable-metrics on sglang: without it, the soak watches the rest
-    return parse_counters(reply.body.decode(errors="replace")) if reply.status == 200 else {}
-
-

@@ -13,7 +13,10 @@ from stackbuild.fleet.inventory import check_host_flags, fleet_of, select
 from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.plan import plan_waves
 from stackbuild.fleet.rollout import FleetOps, HostRow, Prior, RolloutResult, Settings, run_rollout
-from stackbuild.host.session import RunOptions
+from stackbuild.host.session import RunOptions, deploy_args, gate_profile, resolve_image
+from stackbuild.image import registry
+from stackbuild.results.ledger import Ledger
+from stackbuild.results.recorder import Recorder
 from stackbuild.spec.fleet import Fleet, FleetHost
 
 # Builds the rollout's FleetOps: (the rollout's options, its hosts by name, the pinned image, echo)
@@ -45,31 +48,28 @@ def real_ops(run: RunOptions, hosts: dict[str, FleetHost], image: str, echo: Cal
 def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print, make_ops: MakeOps = real_ops) -> int:
     """The rollout of `args`: a re-run of the same command (same stack, image and digest) resumes
     the last rollout that did not complete, under its id."""
-    from stackbuild.fleet.record import LedgerRecorder, rollouts, start_rollout
-    from stackbuild.host.session import deploy_args, gate_profile, resolve_image
-    from stackbuild.results.ledger import Ledger, default_ledger_path
-
     declared, fleet = fleet_of(args.stack, args.inventory)
     hosts = select(declared, args.hosts, str(args.stack.source))
     check_host_flags(args.stack, hosts, str(args.inventory or args.stack.source))
     profile = gate_profile(args.stack, args.profile_name)
     settings = settings_for(fleet, args, profile.tolerance)
     waves = plan_waves([h.name for h in hosts], fleet.waves, fleet.max_parallel)
-    ledger = args.ledger or default_ledger_path(args.root or Path.cwd())
+    recorder = Recorder(args.recorder_path, note=echo)
+    recorder.check()  # before a build: a bad --ledger is found in seconds
     image, digest = resolve_image(deploy_args(args, stack=args.stack, host_text=""), echo)
-    with Ledger(ledger) as db:
+    with Ledger(recorder.path) as db:
         # killed (still "running"), stopped by a failed wave, or refused (a host down, a lock held)
-        same = [r for r in rollouts(db) if r.stack == args.stack.label and r.digest == digest
+        same = [r for r in db.rollouts() if r.stack == args.stack.label and r.digest == digest
                 and r.image == image]
-        last = same[-1] if same and same[-1].outcome != "completed" else None
-        rollout_id = last.id if last else f"r{datetime.now(UTC):%Y%m%d%H%M%S}-{_secrets.token_hex(2)}"
-        reference = next((h.medians for h in last.hosts if h.host == waves[0][0] and h.medians),
-                         None) if last else None
-        prior = Prior(datetime.fromisoformat(last.started_at), {
-            h.host: HostRow(h.host, h.wave, h.outcome, h.verdict, h.detail, h.flagged, dict(h.medians))
-            for h in last.hosts}) if last else None
-        start_rollout(db, id=rollout_id, stack=args.stack.label, image=image, digest=digest,
-                      policy=settings.policy, plan=waves)
+    last = same[-1] if same and same[-1].outcome != "completed" else None
+    rollout_id = last.id if last else f"r{datetime.now(UTC):%Y%m%d%H%M%S}-{_secrets.token_hex(2)}"
+    reference = next((h.medians for h in last.hosts if h.host == waves[0][0] and h.medians),
+                     None) if last else None
+    prior = Prior(datetime.fromisoformat(last.started_at), {
+        h.host: HostRow(h.host, h.wave, h.outcome, h.verdict, h.detail, h.flagged, dict(h.medians))
+        for h in last.hosts}) if last else None
+    log = recorder.start_rollout(id=rollout_id, stack=args.stack.label, image=image, digest=digest,
+                                 policy=settings.policy, plan=waves)
     echo(f"fleet: rollout {rollout_id}{' (resumed)' if last else ''} of {args.stack.label} {image}")
     echo("fleet: plan: " + " | ".join(
         f"{'canary' if i == 0 else f'wave {i}'}: {', '.join(w)}" for i, w in enumerate(waves)))
@@ -79,12 +79,9 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print, make_ops: Ma
         "a failed wave goes back to the incumbent; hosts promoted by earlier waves stay on the candidate"))
     echo(f"fleet: soak {settings.soak_s:g}s after each wave; hosts of one class must read within "
          f"{settings.outlier_tolerance:.0%} of the canary")
-    ops = make_ops(replace(args, ledger=ledger), {h.name: h for h in hosts}, image, echo)
-    res = run_rollout(waves, ops, settings, LedgerRecorder(ledger, rollout_id), echo=echo, reference=reference,
-                      prior=prior)
+    ops = make_ops(replace(args, ledger=recorder.path), {h.name: h for h in hosts}, image, echo)
+    res = run_rollout(waves, ops, settings, log, echo=echo, reference=reference, prior=prior)
     if res.outcome == "completed" and args.stack.host.channel:
-        from stackbuild.image import registry
-
         registry.promote(image, channel=args.stack.host.channel)
         echo(f"fleet: channel {args.stack.host.channel} -> {image}")
     echo("")

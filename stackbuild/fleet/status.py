@@ -6,15 +6,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from stackbuild.fleet.inventory import fleet_of, host_stack, select
 from stackbuild.fleet.rollout import each
-from stackbuild.host.ssh import SshOptions
+from stackbuild.host.converge import status
+from stackbuild.host.session import Reach
+from stackbuild.host.ssh import SshOptions, parse_host
+from stackbuild.host.state import HostPaths, lock_holder
+from stackbuild.results.ledger import Ledger, RolloutRecord
 from stackbuild.spec.stack import Stack
-
-if TYPE_CHECKING:
-    from stackbuild.fleet.record import RolloutRecord
 
 
 @dataclass(frozen=True)
@@ -35,33 +35,28 @@ class HostStatusRow:
         return self.image.split("@", 1)[1] if self.image and "@" in self.image else None
 
 
-def read_fleet(stack: Stack, ssh: SshOptions, hosts: list[str] | None, inventory: Path | None) -> list[HostStatusRow]:
-    from stackbuild.host.converge import status
-    from stackbuild.host.ssh import connect, parse_host
-    from stackbuild.host.state import HostPaths, LockOwner
-
+def read_fleet(stack: Stack, ssh: SshOptions, hosts: list[str] | None, inventory: Path | None,
+               reach: Reach | None = None) -> list[HostStatusRow]:
     declared, _ = fleet_of(stack, inventory)
     chosen = select(declared, hosts, str(stack.source))
+    reach = reach or Reach()
 
     def one(name: str) -> HostStatusRow:
         h = next(x for x in chosen if x.name == name)
         hs = host_stack(stack, h)
         paths = HostPaths(hs.host.state_dir, hs.host.service)
-        r = connect(parse_host(h.target), ssh)
+        r = reach.connect(parse_host(h.target), ssh)
         try:
             st = status(r, paths)
-            lock = r.run(["cat", f"{paths.lock_dir}/owner.json"], check=False, what="read the lock", changes=False)
         finally:
             r.close()
         cur = st.state.current
-        owner = LockOwner.from_json(lock.stdout) if lock.ok and lock.stdout.strip() else None
-        holder = owner.describe(time.time()) if owner else (lock.stdout.strip()[:80] or None if lock.ok else None)
         return HostStatusRow(
             host=name, service=paths.service, active=st.active, image=cur.image if cur else None,
             release=(f"{cur.stack}-{cur.variant}" if cur.variant else cur.stack) if cur else None,
             verdict=st.state.last_verdict,
             pending=f"{st.state.pending.op} of {st.state.pending.image}" if st.state.pending else None,
-            lock=holder, enabled=st.enabled)
+            lock=lock_holder(st.lock_owner, time.time()), enabled=st.enabled)
 
     got = each([h.name for h in chosen], one, 8)
     rows = []
@@ -72,6 +67,15 @@ def read_fleet(stack: Stack, ssh: SshOptions, hosts: list[str] | None, inventory
         else:
             rows.append(r)
     return rows
+
+
+def latest_rollout(ledger: Path, stack: Stack) -> RolloutRecord | None:
+    """The last rollout of `stack` (its variants included) the ledger holds, if it has one."""
+    if not ledger.exists():
+        return None
+    with Ledger(ledger) as db:
+        mine = [r for r in db.rollouts() if r.stack == stack.name or r.stack.startswith(stack.name + "-")]
+    return mine[-1] if mine else None
 
 
 def render(rows: list[HostStatusRow], last_rollout: RolloutRecord | None) -> str:

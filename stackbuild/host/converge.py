@@ -18,20 +18,22 @@ from stackbuild.effects.readiness import HttpProbe, Pace, Probe, wait_ready
 from stackbuild.errors import InfraError, InputError
 from stackbuild.host import secrets, units
 from stackbuild.host.outcome import DeployReport
-from stackbuild.host.ssh import Remote, sh_argv
+from stackbuild.host.ssh import Remote
 from stackbuild.host.state import (
+    LOCK_TTL_S,
     HostLock,
     HostPaths,
     HostState,
-    LockOwner,
     Pending,
+    lock_holder,
     me,
     now_iso,
+    read_lock,
     read_state,
     render_state,
     write_state,
 )
-from stackbuild.host.unit_probe import UnitProbe
+from stackbuild.host.unit_probe import UnitProbe, boot_facts
 from stackbuild.spec.stack import Stack
 
 
@@ -92,7 +94,7 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
             units.remove(remote, paths.main_unit, paths.override_path, paths.main_path)
             st.detail = "no incumbent: candidate removed, nothing else was running"
         else:
-            boot = units.boot_facts(remote, paths.main_unit)
+            boot = boot_facts(remote, paths.main_unit)
             installed = units.installed_text(remote, paths.main_path)
             if installed == cur.unit and boot.fragment == paths.main_path and boot.active == "active":
                 st.detail = f"{paths.main_unit} already runs {cur.image}"
@@ -144,7 +146,7 @@ def commit(remote: Remote, paths: HostPaths, state: HostState, staged_unit: str)
                  (staged_state, paths.state_file), secrets.transaction_files(paths))
 
 
-def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float) -> str:
+def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S) -> str:
     """Before a rollout touches the host: what an interrupted run left there (its stale lock, its
     pending marker and the candidate it was running, a switch unit, the main unit's override) is
     put back to the committed state, as a single deploy does first. Returns what was done."""
@@ -160,7 +162,7 @@ def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float)
     return "; ".join(done) or "nothing to converge"
 
 
-def rollback(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float) -> HostState:
+def rollback(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S) -> HostState:
     """Make the previous release current again, verified serving."""
     rep = conv.report
     with HostLock(remote, paths, me("rollback"), lock_ttl_s):
@@ -238,9 +240,7 @@ class HostStatus:
                 f"  last deploy: {s.last_verdict} of {s.last_image} at {s.last_at}"
                 + (f": {s.last_cause}" if s.last_cause else "")
             )
-        if self.lock_owner is not None:
-            owner = LockOwner.from_json(self.lock_owner)
-            who = owner.describe(time.time()) if owner else "an owner that wrote no name"
+        if (who := lock_holder(self.lock_owner, time.time())) is not None:
             lines.append(f"  LOCKED: {who}")
         if s.pending:
             lines.append(
@@ -252,18 +252,8 @@ class HostStatus:
 
 def status(remote: Remote, paths: HostPaths) -> HostStatus:
     state = read_state(remote, paths)
-    boot = units.boot_facts(remote, paths.main_unit)
-    img = remote.run(
-        ["docker", "inspect", "--format", "{{.Config.Image}}", paths.service],
-        check=False,
-        what="inspect the container",
-        changes=False,
-    )
-    lock = remote.run(
-        sh_argv('[ -d "$1" ] && cat "$1/owner.json" 2>/dev/null; [ -d "$1" ]', paths.lock_dir),
-        check=False,
-        what="read the host lock",
-        changes=False,
-    )
+    boot = boot_facts(remote, paths.main_unit)
+    img = remote.run(units.container_image_argv(paths.service), check=False, what="inspect the container",
+                     changes=False)
     return HostStatus(state, boot.active == "active", img.stdout.strip() if img.ok else None,
-                      lock.stdout.strip() if lock.ok else None, boot.enabled, boot.fragment == paths.override_path)
+                      read_lock(remote, paths), boot.enabled, boot.fragment == paths.override_path)

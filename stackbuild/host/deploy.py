@@ -105,13 +105,7 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
     port = stack.runtime.staging_port if sbs else stack.runtime.port
     try:
         with rep.step("preflight") as st:
-            pf = run_preflight(
-                remote,
-                stack,
-                image=req.image,
-                ports={port: not sbs and incumbent_active} | ({stack.runtime.port: incumbent_active} if sbs else {}),
-                need_free_kib=req.need_free_kib,
-            )
+            pf = run_preflight(remote, stack, image=req.image, strategy=req.strategy, incumbent_active=incumbent_active)
             st.detail = "; ".join(f"{c.name}: {c.detail}" for c in pf.checks)
             if not pf.ok:
                 raise PreflightFailed(remote.address, pf)

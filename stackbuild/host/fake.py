@@ -30,10 +30,24 @@ from stackbuild.host.fake_server import (
     crashes,
 )
 from stackbuild.host.fake_systemd import FakeSystemd, SysUnit
-from stackbuild.host.preflight import NVIDIA_SMI_QUERY
+from stackbuild.host.preflight import (
+    CDI_SCRIPT,
+    DOCKER_INFO,
+    LIMITS_SCRIPT,
+    NVIDIA_SMI_QUERY,
+    TCP_SCRIPT,
+    df_argv,
+)
 from stackbuild.host.secrets import BACKUP_SCRIPT, RESTORE_SCRIPT
 from stackbuild.host.ssh import RemoteResult
-from stackbuild.host.state import ACQUIRE_SCRIPT, BREAK_SCRIPT, LOCK_AGE_SCRIPT, RELEASE_SCRIPT
+from stackbuild.host.state import (
+    ACQUIRE_SCRIPT,
+    BREAK_SCRIPT,
+    LOCK_AGE_SCRIPT,
+    READ_LOCK_SCRIPT,
+    RELEASE_SCRIPT,
+    SERVICES_SCRIPT,
+)
 
 __all__ = [
     "FAILS_FIRST_GENERATION",
@@ -52,13 +66,6 @@ __all__ = [
     "UnknownCommand",
     "crashes",
 ]
-
-# The scripts below are written inline where they are sent; a changed one is an UnknownCommand here.
-CDI_SCRIPT = "ls /etc/cdi /var/run/cdi 2>/dev/null | grep -i nvidia"  # preflight.run_preflight
-LIMITS_SCRIPT = 'p=$(pidof dockerd) && cat "/proc/${p%% *}/limits"'  # preflight.run_preflight
-TCP_SCRIPT = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"  # preflight.run_preflight
-LOCK_READ_SCRIPT = '[ -d "$1" ] && cat "$1/owner.json" 2>/dev/null; [ -d "$1" ]'  # converge.status
-DOCKER_INFO = ["docker", "info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}|{{json .Runtimes}}"]
 
 
 @dataclass
@@ -85,7 +92,7 @@ class FakeHost(FakeSystemd):
             return self._ok(cmd, self.gpus_csv)
         if args[:5] == ["docker", "run", "--rm", "--network", "none"] and args[5:9:2] == ["--gpus", "--entrypoint"]:
             return self._kernel_check(args, cmd)
-        if args[:2] == ["df", "-Pk"] and len(args) == 3:
+        if len(args) == 3 and args == df_argv(args[2]):
             if args[2] != self.docker_root:
                 return RemoteResult(cmd, 1, "", f"df: {args[2]}: No such file or directory")
             used = 50 * 2**20
@@ -139,10 +146,15 @@ class FakeHost(FakeSystemd):
                 return RemoteResult(cmd, 1, "", "")
             self._rmtree(lock)
             return self._ok(cmd)
-        if script == LOCK_READ_SCRIPT:
+        if script == READ_LOCK_SCRIPT:
             (lock,) = p
             return self._ok(cmd, self.files.get(f"{lock}/owner.json", "")) if lock in self.dirs else \
                 RemoteResult(cmd, 1, "", "")
+        if script == SERVICES_SCRIPT:  # ls -1 of a dir: its entries, one a line
+            (top,) = p
+            under = [x[len(top) + 1:] for x in [*self.dirs, *self.files] if x.startswith(top + "/")]
+            names = sorted({x.split("/")[0] for x in under})
+            return self._ok(cmd, "".join(f"{n}\n" for n in names)) if top in self.dirs else RemoteResult(cmd, 2, "", "")
         if script in (BACKUP_SCRIPT, RESTORE_SCRIPT):
             return self._secrets(script, p, cmd)
         if script == CDI_SCRIPT:

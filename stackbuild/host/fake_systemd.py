@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from stackbuild.host.fake_base import FakeRemote, UnknownCommand
 from stackbuild.host.fake_server import Behaviour, FakeHttp, Proc
 from stackbuild.host.ssh import RemoteResult
-from stackbuild.host.unit_probe import POLL_SCRIPT
+from stackbuild.host.unit_probe import POLL_SCRIPT, STATE_PROPERTIES
 from stackbuild.host.units import (
     COMMIT_SCRIPT,
     EXISTING_SCRIPT,
@@ -28,6 +28,7 @@ from stackbuild.host.units import (
     LOGS_SCRIPT,
     REMOVE_SCRIPT,
     SWITCH_SCRIPT,
+    container_image_argv,
     image_id_argv,
 )
 
@@ -352,7 +353,7 @@ class FakeSystemd(FakeRemote):
                 return RemoteResult(cmd, 1, "", f"Error response from daemon: manifest for {args[3]} not found")
             self.images.add(args[3])
             return self._ok(cmd, args[3] + "\n")
-        if args[:4] == ["docker", "inspect", "--format", "{{.Config.Image}}"] and len(args) == 5:
+        if len(args) == 5 and args == container_image_argv(args[4]):
             image = next((p.image for p in self.running.values() if p.container == args[4]), None)
             if image is None:
                 return RemoteResult(cmd, 1, "", f"Error: No such object: {args[4]}")
@@ -380,9 +381,7 @@ class FakeSystemd(FakeRemote):
             return self._ok(cmd, "".join(f"{path}\n" for path in p if path in self.files or path in self.dirs))
         if script == POLL_SCRIPT:
             (unit,) = p
-            st = self.units.get(unit, SysUnit())
-            show = (f"ActiveState={st.active}\nSubState={st.sub}\nNRestarts={st.restarts}\n"
-                    f"Result={st.result}\nExecMainStatus={st.exit_status}\n")
+            show = "".join(f"{prop}={SHOW[prop](self, unit)}\n" for prop in STATE_PROPERTIES)
             return self._ok(cmd, f"{show}---\n{self.socket_table()}")
         if script == LOGS_SCRIPT:
             unit, container, since = p

@@ -12,13 +12,42 @@ from dataclasses import dataclass
 from stackbuild.errors import InfraError
 from stackbuild.host.ssh import Remote, sh_argv
 from stackbuild.host.units import image_id_argv
+from stackbuild.spec.rules import driver_floor
 from stackbuild.spec.stack import Stack
 
+# What preflight sends (host/fake.py interprets these very constants).
+DOCKER_INFO = ["docker", "info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}|{{json .Runtimes}}"]
 NVIDIA_SMI_QUERY = [
     "nvidia-smi",
     "--query-gpu=index,name,compute_cap,driver_version,memory.total",
     "--format=csv,noheader,nounits",
 ]
+CDI_SCRIPT = "ls /etc/cdi /var/run/cdi 2>/dev/null | grep -i nvidia"
+LIMITS_SCRIPT = 'p=$(pidof dockerd) && cat "/proc/${p%% *}/limits"'  # the daemon's own hard limits
+TCP_SCRIPT = "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"  # the host's socket table (listening ports)
+
+# Free disk a candidate's image needs under the docker root when the host lacks it: a CUDA stack's
+# layers (torch, the CUDA libraries, flashinfer's kernels) unpack to tens of GiB; the CPU-only
+# simulator's to well under one.
+GPU_IMAGE_KIB = 64 * 2**20
+CPU_IMAGE_KIB = 1 * 2**20
+
+
+def df_argv(path: str) -> list[str]:
+    return ["df", "-Pk", path]
+
+
+def need_free_kib(stack: Stack) -> int:
+    return CPU_IMAGE_KIB if stack.runtime.gpus == "none" else GPU_IMAGE_KIB
+
+
+def deploy_ports(stack: Stack, strategy: str, incumbent_active: bool) -> dict[int, bool]:
+    """The ports a deploy binds -> may our own incumbent hold it. Swap: the service port, which the
+    incumbent frees when it stops. Side-by-side: the staging port (nobody may hold it) while the
+    incumbent keeps the service port until the switch."""
+    if strategy == "side-by-side":
+        return {stack.runtime.staging_port: False, stack.runtime.port: incumbent_active}
+    return {stack.runtime.port: incumbent_active}
 
 
 @dataclass(frozen=True)
@@ -108,8 +137,6 @@ def version_tuple(v: str) -> tuple[int, ...]:
 
 
 def check_gpus(stack: Stack, gpus: list[Gpu], smi_error: str | None) -> list[Check]:
-    from stackbuild.spec.rules import driver_floor
-
     if smi_error is not None:
         return [Check("gpus", False, f"nvidia-smi failed: {smi_error}; install the NVIDIA driver")]
     need = stack.runtime.gpu_count or stack.runtime.tp
@@ -148,18 +175,14 @@ def run_preflight(
     stack: Stack,
     *,
     image: str,
-    ports: dict[int, bool],
-    need_free_kib: int,
+    strategy: str,
+    incumbent_active: bool,
 ) -> PreflightReport:
-    """Run every check. `ports`: port -> may our own incumbent hold it."""
+    """Run every check for a deploy of `image` by `strategy` (`incumbent_active`: ours runs on the host now)."""
     checks: list[Check] = []
     gpus: list[Gpu] = []
-    docker = remote.run(
-        ["docker", "info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}|{{json .Runtimes}}"],
-        check=False,
-        what="docker info",
-        changes=False,
-    )
+    need_kib = need_free_kib(stack)
+    docker = remote.run(DOCKER_INFO, check=False, what="docker info", changes=False)
     root_dir = "/var/lib/docker"
     runtimes = ""
     if docker.ok and "|" in docker.stdout:
@@ -169,7 +192,7 @@ def run_preflight(
         checks.append(Check("docker", False, f"docker is not usable: {_one_line(docker)}; install/start it"))
     if stack.runtime.gpus != "none":
         cdi = remote.run(
-            sh_argv("ls /etc/cdi /var/run/cdi 2>/dev/null | grep -i nvidia"),
+            sh_argv(CDI_SCRIPT),
             check=False,
             what="look for NVIDIA CDI specs",
             changes=False,
@@ -196,7 +219,7 @@ def run_preflight(
     if present.ok:
         checks.append(Check("disk", True, "image already on the host"))
     else:
-        df = remote.run(["df", "-Pk", root_dir], check=False, what="free disk", changes=False)
+        df = remote.run(df_argv(root_dir), check=False, what="free disk", changes=False)
         avail = parse_df_avail_kib(df.stdout) if df.ok else None
         if avail is None and "No such file" in df.stderr:
             # The daemon's storage is not on this shell's filesystem (docker socket
@@ -212,28 +235,23 @@ def run_preflight(
             checks.append(
                 Check(
                     "disk",
-                    avail is not None and avail >= need_free_kib,
-                    f"{_gib(avail)} free under {root_dir}, the image needs {_gib(need_free_kib)}"
+                    avail is not None and avail >= need_kib,
+                    f"{_gib(avail)} free under {root_dir}, the image needs {_gib(need_kib)}"
                     if avail is not None
                     else f"cannot read free space of {root_dir}: {_one_line(df)}",
                 )
             )
     if stack.runtime.ulimits:
         limits = remote.run(
-            sh_argv('p=$(pidof dockerd) && cat "/proc/${p%% *}/limits"'),
+            sh_argv(LIMITS_SCRIPT),
             check=False,
             what="the docker daemon's limits",
             changes=False,
         )
         # not visible (daemon in another namespace): docker itself will say at start
         checks += ulimit_checks(limits.stdout, dict(stack.runtime.ulimits)) if limits.ok else []
-    tcp = remote.run(
-        sh_argv("cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"),
-        check=False,
-        what="listening ports",
-        changes=False,
-    )
-    checks += port_checks(parse_listening_ports(tcp.stdout), ports)
+    tcp = remote.run(sh_argv(TCP_SCRIPT), check=False, what="listening ports", changes=False)
+    checks += port_checks(parse_listening_ports(tcp.stdout), deploy_ports(stack, strategy, incumbent_active))
     return PreflightReport(tuple(checks), tuple(gpus))
 
 

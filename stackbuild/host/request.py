@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from stackbuild.effects.readiness import HttpProbe, Pace, Probe
 from stackbuild.gate.result import GateResult
+from stackbuild.host.state import LOCK_TTL_S
 from stackbuild.spec.profile import GateProfile
 from stackbuild.spec.stack import Stack
 
@@ -27,9 +28,8 @@ class DeployRequest:
     strategy: str
     profile: GateProfile
     secrets: dict[str, str] = field(default_factory=dict)
-    need_free_kib: int = 1024 * 1024
     pull_timeout_s: float = 1800.0
-    lock_ttl_s: float = 4 * 3600.0
+    lock_ttl_s: float = LOCK_TTL_S
 
 
 @dataclass

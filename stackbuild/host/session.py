@@ -1,8 +1,9 @@
-"""Glue between `stackbuild deploy` and the flow: image, connection, services, ledger, report.
+"""Glue between `stackbuild deploy|status|rollback --host` and the flow: image, connection,
+services, ledger, report.
 
-This is the only place a deploy opens a connection (the flow receives it).
-When the connection dies mid-deploy, one fresh connection is tried to put the
-host back; if that fails too, the pending marker stays and the next run
+This is the only place a deploy, rollback or status opens a connection (the flow receives
+it), through a `Reach`. When the connection dies mid-deploy, one fresh connection is tried
+to put the host back; if that fails too, the pending marker stays and the next run
 converges it.
 """
 
@@ -18,24 +19,72 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from stackbuild.effects import aio
+from stackbuild.effects import aio, http
+from stackbuild.effects.readiness import HttpProbe, Pace, Probe
 from stackbuild.errors import EXIT_INFRA, InfraError, InputError, StackbuildError
 from stackbuild.gate.result import GateResult
+from stackbuild.gate.runner import run_gate
+from stackbuild.host.converge import Converger, HostStatus, rollback, status
 from stackbuild.host.deploy import deploy, recover
 from stackbuild.host.dryrun import DryRunRemote
 from stackbuild.host.outcome import DeployReport
-from stackbuild.host.request import DeployRequest, Services
-from stackbuild.host.ssh import HostAddress, SshOptions, connect, parse_host
+from stackbuild.host.request import DeployRequest, GateFn, Services
+from stackbuild.host.ssh import HostAddress, Remote, SshOptions, connect, parse_host
+from stackbuild.host.state import HostPaths, only_service
+from stackbuild.image import registry
+from stackbuild.image.build import BuildResult, build_stack
+from stackbuild.image.context import rendered_for_image
+from stackbuild.render.stack import image_ref, render_unit
+from stackbuild.results.ledger import gate_plan as ledger_gate_plan
+from stackbuild.results.ledger import host_class_of, ledger_path
+from stackbuild.results.outputs import check_writable
+from stackbuild.results.recorder import Recorder
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 from stackbuild.spec.stack import Stack
 
 _PINNED = re.compile(r"^(?P<repo>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 
 
+class Reach:
+    """How this process reaches a host and the server on it: an SSH connection, and over HTTP the
+    server's readiness layers, the pace to poll them at, the gate, and what a soak watches.
+
+    Unit tests pass a subclass over the scripted fake hosts (tests/helpers_fleet.py), so the
+    code that drives hosts (a deploy, a rollout's ops, fleet status, rollback) runs unchanged.
+    """
+
+    def connect(self, address: HostAddress, opts: SshOptions) -> Remote:
+        return connect(address, opts)
+
+    def http_probe(self, remote: Remote) -> Callable[[str], Probe]:
+        return HttpProbe
+
+    def pace(self, remote: Remote) -> Pace:
+        return Pace()
+
+    def gate(self, remote: Remote, access: str) -> GateFn:
+        def gate(url: str, profile: GateProfile, name: str, baseline: GateResult | None) -> GateResult:
+            return run_gate(url, profile, name=name, baseline=baseline, host_facts={"access": access})
+
+        return gate
+
+    def watch(self, remote: Remote, url: str) -> tuple[int | None, str]:
+        """GET /health_generate's status (None: no answer) and /metrics' text ("": not served).
+
+        sglang answers /health_generate by running a one-token generation through its scheduler;
+        /metrics needs --enable-metrics, and without it a soak watches the rest."""
+        status_code = http.status(f"{url}/health_generate", timeout=20.0)
+        try:
+            reply = http.get(f"{url}/metrics", timeout=10.0)
+        except http.HttpFailure:
+            return status_code, ""
+        return status_code, reply.body.decode(errors="replace") if reply.status == 200 else ""
+
+
 @dataclass(kw_only=True)
 class RunOptions:
     """What a deploy and a fleet rollout are both given: the stack, how to connect, which image
-    (None: build it), where it is pushed, how it is gated and where results go."""
+    (None: build it), where it is pushed, how it is gated, where results go, how hosts are reached."""
 
     stack: Stack
     ssh: SshOptions
@@ -46,6 +95,11 @@ class RunOptions:
     ledger: Path | None = None
     root: Path | None = None
     secrets: dict[str, str] = field(default_factory=dict)
+    reach: Reach = field(default_factory=Reach)
+
+    @property
+    def recorder_path(self) -> Path:
+        return ledger_path(self.ledger, self.root)
 
 
 @dataclass(kw_only=True)
@@ -54,12 +108,14 @@ class DeployArgs(RunOptions):
     strategy: str
     json_out: Path | None = None
     dry_run: bool = False
+    report: bool = True  # refresh the report once recorded (a rollout's hosts: once, when it ends)
 
 
 def deploy_args(opts: RunOptions, *, stack: Stack, host_text: str) -> DeployArgs:
     """One host's deploy within a rollout: the rollout's options, that host's stack and address."""
     common = {f.name: getattr(opts, f.name) for f in fields(RunOptions)}
-    return DeployArgs(**(common | {"stack": stack}), host_text=host_text, strategy=stack.host.strategy)
+    return DeployArgs(**(common | {"stack": stack}), host_text=host_text, strategy=stack.host.strategy,
+                      report=False)
 
 
 def split_pinned(ref: str) -> tuple[str, str]:
@@ -89,13 +145,13 @@ def gate_profile(stack: Stack, name: str | None) -> GateProfile:
     return profiles[chosen]
 
 
-def resolve_image(args: DeployArgs, echo: Callable[[str], None]) -> tuple[str, str]:
+def resolve_image(args: DeployArgs, echo: Callable[[str], None],
+                  build: Callable[..., BuildResult] = build_stack) -> tuple[str, str]:
+    """The pinned image to deploy and its digest: --image as given, else the stack built, pushed and
+    recorded in the ledger's builds table like any `stackbuild build`."""
     if args.image:
         return args.image, split_pinned(args.image)[1]
     if args.dry_run:
-        from stackbuild.image.context import rendered_for_image
-        from stackbuild.render.stack import image_ref
-
         ref = image_ref(args.stack, rendered_for_image(args.stack).content_hash, args.registry)
         echo(f"would build and push {ref}, then deploy it by digest")
         return pin(ref, "sha256:" + "0" * 64), "sha256:" + "0" * 64
@@ -104,31 +160,20 @@ def resolve_image(args: DeployArgs, echo: Callable[[str], None]) -> tuple[str, s
             f"{args.stack.source}: no registry to push the candidate to: pass "
             "--registry HOST:PORT/REPO or set host.registry (the host pulls by digest)"
         )
-    from stackbuild.image.build import build_stack
-
-    built = build_stack(args.stack, registry=args.registry, push=True)
+    built = build(args.stack, registry=args.registry, push=True)
     if not built.digest:
         raise InfraError(f"build of {args.stack.label} pushed no digest; cannot deploy by digest")
     echo(f"built {built.image} ({built.digest})")
+    Recorder(args.recorder_path, note=echo).build(args.stack, built)
     return pin(built.image, built.digest), built.digest
 
 
-def _services(args: DeployArgs, endpoint: Any, echo: Callable[[str], None]) -> Services:
-    from stackbuild.gate.runner import run_gate
-    from stackbuild.render.stack import render_unit
-
-    access = endpoint.mode
-
-    def gate(url: str, profile: GateProfile, name: str, baseline: GateResult | None) -> GateResult:
-        return run_gate(url, profile, name=name, baseline=baseline, host_facts={"access": access})
-
+def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callable[[str], None]) -> Services:
     promote: Callable[[str], str] | None = None
     if args.stack.host.channel:
         channel = args.stack.host.channel
 
         def promote(ref: str) -> str:
-            from stackbuild.image import registry
-
             registry.promote(ref, channel=channel)
             return f"{channel} -> {ref}"
 
@@ -136,19 +181,18 @@ def _services(args: DeployArgs, endpoint: Any, echo: Callable[[str], None]) -> S
         print(f"stackbuild: deploy: {text}", file=sys.stderr, flush=True)
 
     def gate_plan(profile: GateProfile, stored: bool) -> str:
-        from stackbuild.results.ledger import default_ledger_path
-        from stackbuild.results.ledger import gate_plan as plan
-
-        return plan(profile, args.ledger or default_ledger_path(args.root or Path.cwd()), stored=stored)
+        return ledger_gate_plan(profile, ledger_path(args.ledger, args.root), stored=stored)
 
     return Services(
         progress=progress,
         render_unit=render_unit,
-        gate=gate,
+        gate=args.reach.gate(remote, endpoint.mode),
         endpoint=endpoint,
+        http_probe=args.reach.http_probe(remote),
+        pace=args.reach.pace(remote),
         promote_channel=promote,
         echo=echo,
-        access=access,
+        access=endpoint.mode,
         gate_plan=gate_plan,
     )
 
@@ -165,8 +209,6 @@ class Endpoint:
         return "tunnel" if use else "direct"
 
     def __call__(self, port: int) -> Any:
-        from contextlib import contextmanager
-
         @contextmanager
         def cm() -> Any:
             if self.mode == "direct" or getattr(self.remote, "dry_run", False):
@@ -188,16 +230,15 @@ def run_deploy(
     profile = gate_profile(args.stack, args.profile_name)
     check_local_outputs(args)
     # the connection and the host key first: a build can take hours, a refused key seconds
-    real = connect(address, args.ssh)
+    real = args.reach.connect(address, args.ssh)
     if not args.image and not args.dry_run:
         real.close()  # an hours-long build would outlive an idle connection
         image, digest = resolve_image(args, echo)
-        real = connect(address, args.ssh)
+        real = args.reach.connect(address, args.ssh)
     else:
         image, digest = resolve_image(args, echo)
-    remote: Any = DryRunRemote(str(address), reader=real, echo=echo) if args.dry_run else real
-    endpoint = Endpoint(remote, address, args.tunnel)
-    svc = _services(args, endpoint, echo)
+    remote: Remote = DryRunRemote(str(address), reader=real, echo=echo) if args.dry_run else real
+    svc = _services(args, Endpoint(remote, address, args.tunnel), real, echo)
     req = DeployRequest(
         stack=args.stack,
         image=image,
@@ -205,7 +246,6 @@ def run_deploy(
         strategy=args.strategy,
         profile=profile,
         secrets=args.secrets,
-        need_free_kib=(1 if args.stack.runtime.gpus == "none" else 64) * 2**20,
     )
     try:
         with restore_on_signal():
@@ -214,9 +254,9 @@ def run_deploy(
         remote.close()
     if rep.needs_recovery:
         rep = _recover_once(address, args, req, svc, rep, echo)
-    if not args.dry_run:
-        _record(args, rep, profile, digest, echo)
     echo(rep.render())
+    if not args.dry_run:  # after the outcome: a ledger that fails now is a warning (results/recorder.py)
+        _record(args, rep, profile, digest, echo)
     if args.json_out:
         try:
             args.json_out.write_text(rep.to_json())
@@ -231,14 +271,10 @@ def run_deploy(
 
 def check_local_outputs(args: DeployArgs) -> None:
     """Every file the deploy will write, opened now: after the host changed is too late."""
-    from stackbuild.results.outputs import check_ledger, check_writable
-
     if args.json_out:
         check_writable(args.json_out, "--json")
     if not args.dry_run:
-        from stackbuild.results.ledger import default_ledger_path
-
-        check_ledger(args.ledger or default_ledger_path(args.root or Path.cwd()))
+        Recorder(args.recorder_path).check()
 
 
 class Interrupted(StackbuildError):
@@ -291,7 +327,7 @@ def _recover_once(
 ) -> DeployReport:
     echo("stackbuild: the SSH connection died mid-deploy; reconnecting once to restore the host")
     try:
-        remote = connect(address, args.ssh)
+        remote = args.reach.connect(address, args.ssh)
     except StackbuildError as err:
         rep.cause = f"{rep.cause}; reconnect failed too ({str(err).splitlines()[0]}): re-run"
         return rep
@@ -310,31 +346,51 @@ def _recover_once(
 def _record(
     args: DeployArgs, rep: DeployReport, profile: GateProfile, digest: str, echo: Callable[[str], None]
 ) -> None:
-    from stackbuild.results.ledger import Ledger, default_ledger_path, host_class_of
-    from stackbuild.results.writer import update_report
-
-    path = args.ledger or default_ledger_path(args.root or Path.cwd())
-    path.parent.mkdir(parents=True, exist_ok=True)
     outcome = rep.outcome if rep.outcome in ("promoted", "rolled-back", "refused") else "failed"
-    with Ledger(path) as ledger:
-        if rep.gate_json:
-            ledger.record_gate(GateResult.model_validate_json(rep.gate_json))
-        ledger.record_deploy(
-            host=rep.host,
-            stack=args.stack.name,
-            variant=args.stack.variant,
-            image=rep.image,
-            digest=digest,
-            strategy=rep.strategy,
-            outcome=outcome,  # type: ignore[arg-type]
-            crash_signature=rep.crash_signature,
-            durations=rep.durations(),
-            downtime_s=rep.downtime_s,
-            cause=rep.cause,
-            fingerprint=profile.workload().fingerprint(),
-            host_class=host_class_of(rep.host_facts) if rep.host_facts else None,
-        )
+    Recorder(args.recorder_path, note=echo, report=args.report).deploy(
+        GateResult.model_validate_json(rep.gate_json) if rep.gate_json else None,
+        host=rep.host,
+        stack=args.stack.name,
+        variant=args.stack.variant,
+        image=rep.image,
+        digest=digest,
+        strategy=rep.strategy,
+        outcome=outcome,  # type: ignore[arg-type]
+        crash_signature=rep.crash_signature,
+        durations=rep.durations(),
+        downtime_s=rep.downtime_s,
+        cause=rep.cause,
+        fingerprint=profile.workload().fingerprint(),
+        host_class=host_class_of(rep.host_facts) if rep.host_facts else None,
+    )
+
+
+def read_status(host_text: str, ssh: SshOptions, *, service: str | None, state_dir: str,
+                reach: Reach | None = None) -> tuple[HostAddress, HostStatus]:
+    """`stackbuild status --host`: what the host runs (the only service it has state for when none is named)."""
+    address = parse_host(host_text)
+    remote = (reach or Reach()).connect(address, ssh)
     try:
-        echo(f"report: {update_report(path)}")
-    except StackbuildError as err:
-        echo(f"stackbuild: ledger recorded; report not updated ({err})")
+        return address, status(remote, HostPaths(state_dir, service or only_service(remote, state_dir)))
+    finally:
+        remote.close()
+
+
+def run_rollback(host_text: str, ssh: SshOptions, *, service: str | None, state_dir: str, timeout_s: float,
+                 tunnel: bool | None, dry_run: bool, echo: Callable[[str], None] = print,
+                 reach: Reach | None = None) -> DeployReport:
+    """`stackbuild rollback`: the previous release made current again, verified serving within
+    `timeout_s`, under the host lock (converge.rollback)."""
+    reach = reach or Reach()
+    address = parse_host(host_text)
+    real = reach.connect(address, ssh)
+    remote: Remote = DryRunRemote(str(address), reader=real, echo=echo) if dry_run else real
+    try:
+        paths = HostPaths(state_dir, service or only_service(real, state_dir))
+        rep = DeployReport(host=str(address), service=paths.service, stack="-", image="-", strategy="rollback")
+        conv = Converger(endpoint=Endpoint(remote, address, tunnel), report=rep, start_timeout_s=timeout_s,
+                         ready_timeout_s=timeout_s, http_probe=reach.http_probe(real), pace=reach.pace(real))
+        rollback(remote, paths, conv)
+    finally:
+        remote.close()
+    return rep

@@ -14,6 +14,7 @@ owner we judged stale.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -25,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from stackbuild.errors import InfraError
+from stackbuild.errors import InfraError, InputError
 from stackbuild.host.ssh import READ_IF_EXISTS_SCRIPT, Remote, sh_argv
 
 
@@ -52,8 +53,6 @@ class Release(_Frozen):
 
 def release_key(digest: str, unit: str) -> str:
     """What a measured result belongs to: the image and the exact command line (unit)."""
-    import hashlib
-
     return hashlib.sha256(f"{digest}\n{unit}".encode()).hexdigest()[:16]
 
 
@@ -172,7 +171,25 @@ def write_state(remote: Remote, paths: HostPaths, state: HostState) -> None:
     remote.put_text(render_state(state), paths.state_file, mode=0o644)
 
 
+SERVICES_SCRIPT = 'ls -1 "$1" 2>/dev/null'
+
+
+def only_service(remote: Remote, state_dir: str) -> str:
+    """The service to act on when none is named: the one the host has state for."""
+    res = remote.run(sh_argv(SERVICES_SCRIPT, state_dir), check=False, what="list services", changes=False)
+    found = sorted(n for n in res.stdout.split() if n)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise InputError(f"{remote.address}: no stackbuild service under {state_dir}; nothing deployed there yet")
+    raise InputError(f"{remote.address} has several services ({', '.join(found)}); pass --service NAME")
+
+
 # --- the lock ---------------------------------------------------------------
+
+# How long a lock whose owner cannot be judged (another machine, an older writer that set no
+# `until`) counts as held. A killed run's lock is broken sooner, by its dead pid (`is_stale`).
+LOCK_TTL_S = 4 * 3600.0
 
 ACQUIRE_SCRIPT = (
     'mkdir -p "$(dirname "$1")" || exit 2\n'
@@ -192,6 +209,8 @@ EMPTY_OWNER_STALE_S = 60.0
 RELEASE_SCRIPT = (
     '[ ! -d "$1" ] || { [ "$(cat "$1/owner.json" 2>/dev/null)" = "$2" ] && rm -rf "$1"; }'
 )
+# The owner file when the lock is held (exit 0, possibly empty: its writer is still at it), exit 1 when not.
+READ_LOCK_SCRIPT = '[ -d "$1" ] && cat "$1/owner.json" 2>/dev/null; [ -d "$1" ]'
 
 
 @dataclass(frozen=True)
@@ -223,6 +242,23 @@ class LockOwner:
         return (
             f"{self.what} by pid {self.pid} on {self.host}, started {now - self.started:.0f}s ago"
         )
+
+
+def read_lock(remote: Remote, paths: HostPaths) -> str | None:
+    """The lock's owner.json as the host has it ("" while its writer is at it), or None when nobody holds it."""
+    res = remote.run(sh_argv(READ_LOCK_SCRIPT, paths.lock_dir), check=False, what="read the host lock",
+                     changes=False)
+    return res.stdout.strip() if res.ok else None
+
+
+def lock_holder(owner_json: str | None, now: float) -> str | None:
+    """Who holds the lock, in words (None: nobody)."""
+    if owner_json is None:
+        return None
+    owner = LockOwner.from_json(owner_json)
+    if owner is not None:
+        return owner.describe(now)
+    return f"an owner it cannot read ({owner_json[:80]})" if owner_json else "an owner that wrote no name yet"
 
 
 def me(what: str, hold_s: float | None = None) -> LockOwner:
@@ -265,9 +301,9 @@ def is_stale(
 
 
 class HostLock:
-    """`with HostLock(remote, paths, owner, ttl_s):` — held for one deploy or rollback."""
+    """`with HostLock(remote, paths, owner):` — held for one deploy or rollback."""
 
-    def __init__(self, remote: Remote, paths: HostPaths, owner: LockOwner, ttl_s: float) -> None:
+    def __init__(self, remote: Remote, paths: HostPaths, owner: LockOwner, ttl_s: float = LOCK_TTL_S) -> None:
         self.remote, self.paths, self.owner, self.ttl_s = remote, paths, owner, ttl_s
         self.broke: LockOwner | None = None
 

@@ -1,21 +1,30 @@
-"""What a systemd unit on a host looks like to the readiness poller (effects/readiness.py).
+"""What systemd says of a unit on a host: the one place that asks it (`systemctl show`).
 
-Each poll asks systemd about the unit, so a candidate that crashed (failed, or
-systemd is restarting it) is reported at once instead of at the deadline.
+The readiness poller (effects/readiness.py) asks on each poll, so a candidate that crashed
+(failed, or systemd is restarting it) is reported at once instead of at the deadline; the
+soak asks on each sample; converge and status ask whether the unit runs and starts on boot.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stackbuild.effects.readiness import Probe
-from stackbuild.host.preflight import parse_listening_ports
+from stackbuild.host.preflight import TCP_SCRIPT, parse_listening_ports
 from stackbuild.host.ssh import Remote, sh_argv
 
-POLL_SCRIPT = (
-    'systemctl show "$1" -p ActiveState -p SubState -p NRestarts -p Result -p ExecMainStatus; '
-    "echo ---; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null"
-)
+# Whether the process runs or died, and how (UnitState); whether it starts on boot, and from which file (BootFacts).
+STATE_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "Result", "ExecMainStatus")
+BOOT_PROPERTIES = ("ActiveState", "UnitFileState", "FragmentPath")
+
+
+def show_argv(unit: str, properties: Sequence[str]) -> list[str]:
+    return ["systemctl", "show", unit, *(a for p in properties for a in ("-p", p))]
+
+
+# One round trip per poll: the unit's state, then the host's socket table (is the port listening).
+POLL_SCRIPT = f'systemctl show "$1" {" ".join(f"-p {p}" for p in STATE_PROPERTIES)}; echo ---; {TCP_SCRIPT}'
 
 
 @dataclass(frozen=True)
@@ -43,8 +52,12 @@ class UnitState:
         )
 
 
+def _properties(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
 def parse_show(text: str) -> UnitState:
-    kv = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    kv = _properties(text)
     restarts = kv.get("NRestarts", "0")
     return UnitState(
         active=kv.get("ActiveState", ""),
@@ -53,6 +66,26 @@ def parse_show(text: str) -> UnitState:
         result=kv.get("Result", ""),
         exit_status=kv.get("ExecMainStatus", ""),
     )
+
+
+def unit_state(remote: Remote, unit: str) -> UnitState:
+    res = remote.run(show_argv(unit, STATE_PROPERTIES), check=False, what="unit state", changes=False)
+    return parse_show(res.stdout)
+
+
+@dataclass(frozen=True)
+class BootFacts:
+    """What systemd says of a unit: running now, starting on boot, and from which file."""
+
+    active: str
+    enabled: str  # systemd's UnitFileState: enabled, disabled, ... ("" for no unit file)
+    fragment: str  # the file systemd loaded it from ("" for none)
+
+
+def boot_facts(remote: Remote, unit: str) -> BootFacts:
+    res = remote.run(show_argv(unit, BOOT_PROPERTIES), check=False, what="unit state", changes=False)
+    kv = _properties(res.stdout)
+    return BootFacts(kv.get("ActiveState", ""), kv.get("UnitFileState", ""), kv.get("FragmentPath", ""))
 
 
 @dataclass

@@ -7,11 +7,11 @@ calls on a `Remote`, each safe to repeat.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from stackbuild.errors import GateFailed, InfraError, InputError
 from stackbuild.host.ssh import READ_FILE_SCRIPT, Remote, sh_argv
 from stackbuild.host.state import HostPaths
+from stackbuild.render.stack import exec_line
 
 # Where a unit lives says when it runs. The promoted release's unit is a file in /etc/systemd/system,
 # enabled (it starts on boot). Anything not committed in the host state runs from /run, a tmpfs that
@@ -58,7 +58,6 @@ SWITCH_SCRIPT = (
     '&& { systemctl reset-failed "$3" 2>/dev/null; systemctl start "$3"; }'
 )
 EXISTING_SCRIPT = 'for p in "$@"; do if [ -e "$p" ]; then echo "$p"; fi; done'
-BOOT_PROPERTIES = ["-p", "ActiveState", "-p", "UnitFileState", "-p", "FragmentPath"]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -122,8 +121,6 @@ def commit(remote: Remote, unit: str, unit_paths: tuple[str, str, str], state: t
 
 def switch_unit_text(script: str, args: list[str]) -> str:
     """A oneshot unit running the switch script: `systemctl start` waits for it, systemd owns it."""
-    from stackbuild.render.stack import exec_line
-
     return (
         "# Written by stackbuild: the side-by-side switch, finished by systemd even if the client dies.\n"
         "[Unit]\nDescription=stackbuild switch\n\n"
@@ -157,22 +154,6 @@ def existing(remote: Remote, *paths: str) -> list[str]:
 
 def enable(remote: Remote, unit: str) -> None:
     remote.run(["systemctl", "enable", "--quiet", unit], what=f"enable {unit} (start on boot)")
-
-
-@dataclass(frozen=True)
-class BootFacts:
-    """What systemd says of a unit: running now, starting on boot, and from which file."""
-
-    active: str
-    enabled: str  # systemd's UnitFileState: enabled, disabled, ... ("" for no unit file)
-    fragment: str  # the file systemd loaded it from ("" for none)
-
-
-def boot_facts(remote: Remote, unit: str) -> BootFacts:
-    res = remote.run(["systemctl", "show", unit, *BOOT_PROPERTIES], check=False, what="unit state",
-                     changes=False)
-    kv = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
-    return BootFacts(kv.get("ActiveState", ""), kv.get("UnitFileState", ""), kv.get("FragmentPath", ""))
 
 
 def start(remote: Remote, unit: str) -> None:
@@ -218,6 +199,11 @@ def without_prestart_noise(logs: str, container: str) -> str:
 def image_id_argv(image: str) -> list[str]:
     """The host's image id for `image`; exit 1 when the host does not have it."""
     return ["docker", "image", "inspect", "--format", "{{.Id}}", image]
+
+
+def container_image_argv(container: str) -> list[str]:
+    """The image a running container was started from; exit 1 when no such container runs."""
+    return ["docker", "inspect", "--format", "{{.Config.Image}}", container]
 
 
 def ensure_image(remote: Remote, image: str, timeout: float) -> bool:

@@ -1,168 +1,36 @@
-"""The ledger: every build, deploy and gate run, in one embedded SQLite file.
+"""The ledger: every build, deploy, gate run and fleet rollout, in one embedded SQLite file.
 
 Writers are separate processes (a deploy and a gate may finish at the same
-moment), so the file runs in WAL mode with a busy timeout and every write takes
-the write lock up front with BEGIN IMMEDIATE. The schema is versioned: a
-`schema_version` table holds the number and `_MIGRATIONS` is the ordered list
-that brings any older file up to date. Everything stored passes through
-`redact` first, so tokens and passwords that leak into a cause, a lock or a
-URL never reach the file.
+moment) and threads (a fleet's hosts), so the file runs in WAL mode with a busy
+timeout and every write takes the write lock up front with BEGIN IMMEDIATE. The
+schema is versioned: a `schema_version` table holds the number and
+`schema.MIGRATIONS` is the ordered list that brings any older file up to date.
+Everything stored passes through `redact` first, so tokens and passwords that
+leak into a cause, a lock or a URL never reach the file. Commands write through
+`recorder.Recorder`, which owns what happens when a write fails.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Required, TypedDict, Unpack, get_args
 
 from stackbuild.errors import InputError
+from stackbuild.gate.plan import noise_from, plan_text
 from stackbuild.gate.result import GateResult
+from stackbuild.results.redact import redact, redact_text
+from stackbuild.results.schema import MIGRATIONS, SCHEMA_VERSION
 from stackbuild.spec.profile import GateProfile
 
 DeployOutcome = Literal["promoted", "rolled-back", "refused", "failed"]
 
 BUSY_TIMEOUT_S = 30.0
-
-# Ordered: index i + 1 is the schema version the statement list brings the file to.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        """CREATE TABLE builds (
-            id INTEGER PRIMARY KEY,
-            recorded_at TEXT NOT NULL,
-            stack TEXT NOT NULL,
-            variant TEXT,
-            image TEXT NOT NULL,
-            digest TEXT,
-            content_hash TEXT NOT NULL,
-            lock_json TEXT NOT NULL)""",
-        """CREATE TABLE deploys (
-            id INTEGER PRIMARY KEY,
-            recorded_at TEXT NOT NULL,
-            host TEXT NOT NULL,
-            stack TEXT NOT NULL,
-            variant TEXT,
-            config TEXT NOT NULL,
-            image TEXT NOT NULL,
-            digest TEXT,
-            strategy TEXT NOT NULL,
-            outcome TEXT NOT NULL
-                CHECK (outcome IN ('promoted', 'rolled-back', 'refused', 'failed')),
-            crash_signature TEXT,
-            durations_json TEXT NOT NULL,
-            downtime_s REAL,
-            cause TEXT)""",
-        """CREATE TABLE gate_runs (
-            id INTEGER PRIMARY KEY,
-            recorded_at TEXT NOT NULL,
-            name TEXT NOT NULL,
-            fingerprint TEXT NOT NULL,
-            host_class TEXT NOT NULL,
-            started_at TEXT NOT NULL,
-            finished_at TEXT NOT NULL,
-            verdict TEXT NOT NULL,
-            baseline_name TEXT,
-            host_json TEXT NOT NULL,
-            workload_json TEXT NOT NULL,
-            result_json TEXT NOT NULL)""",
-        """CREATE TABLE gate_levels (
-            gate_run_id INTEGER NOT NULL REFERENCES gate_runs(id) ON DELETE CASCADE,
-            concurrency INTEGER NOT NULL,
-            runs INTEGER NOT NULL,
-            median_output_tok_s REAL NOT NULL,
-            median_total_tok_s REAL NOT NULL,
-            ttft_p99_ms REAL NOT NULL,
-            failed_requests INTEGER NOT NULL,
-            ratio REAL,
-            ci_low REAL,
-            ci_high REAL,
-            verdict TEXT NOT NULL,
-            PRIMARY KEY (gate_run_id, concurrency))""",
-    ),
-    # A deploy that never reached the gate still belongs to a workload and a
-    # host class when the caller knows them; the report files it there.
-    (
-        "ALTER TABLE deploys ADD COLUMN fingerprint TEXT",
-        "ALTER TABLE deploys ADD COLUMN host_class TEXT",
-        "CREATE INDEX gate_runs_group ON gate_runs (fingerprint, host_class, name, finished_at)",
-        "CREATE INDEX deploys_config ON deploys (config, recorded_at)",
-    ),
-    # Fleet rollouts (stackbuild/fleet): one row per rollout, one per host in it.
-    (
-        """CREATE TABLE rollouts (
-            id TEXT PRIMARY KEY,
-            started_at TEXT NOT NULL,
-            finished_at TEXT,
-            stack TEXT NOT NULL,
-            image TEXT NOT NULL,
-            digest TEXT NOT NULL,
-            policy TEXT NOT NULL,
-            plan_json TEXT NOT NULL,
-            outcome TEXT NOT NULL,
-            cause TEXT,
-            updated_at TEXT NOT NULL)""",
-        """CREATE TABLE rollout_hosts (
-            rollout_id TEXT NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
-            host TEXT NOT NULL,
-            wave INTEGER NOT NULL,
-            outcome TEXT NOT NULL,
-            verdict TEXT,
-            detail TEXT,
-            flagged TEXT,
-            medians_json TEXT NOT NULL,
-            recorded_at TEXT NOT NULL,
-            PRIMARY KEY (rollout_id, host))""",
-    ),
-)
-SCHEMA_VERSION = len(_MIGRATIONS)
-
-# --- redaction ----------------------------------------------------------------
-
-REDACTED = "[redacted]"
-# Keys whose string values are secrets whatever they look like. Whole words only:
-# "output_tokens" and "token_count_mismatches" are numbers, not credentials.
-_SECRET_KEY = re.compile(
-    r"(?i)(^|[_\-.])(token|secret|password|passwd|api[_-]?key|credentials?|auth|authorization"
-    r"|cookie|private[_-]?key|hf[_-]?token)($|[_\-.])"
-)
-_SECRET_VALUES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
-     REDACTED),
-    (re.compile(r"\bhf_[A-Za-z0-9]{16,}"), REDACTED),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"), REDACTED),
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"), REDACTED),
-    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), REDACTED),
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
-    # scheme://user:password@host -> keep the user, drop the password
-    (re.compile(r"(://[^/\s:@]+):[^/\s@]+@"), r"\1:" + REDACTED + "@"),
-    # NAME_TOKEN=value, password: value (values short enough to be counts are left alone)
-    (re.compile(
-        r"(?i)\b([A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY)[A-Z0-9_]*)(\s*[=:]\s*)"
-        r"(?!\[redacted\])[^\s,;'\"]{8,}"),
-     r"\1\2" + REDACTED),
-)
-
-
-def redact_text(text: str) -> str:
-    for pattern, replacement in _SECRET_VALUES:
-        text = pattern.sub(replacement, text)
-    return text
-
-
-def redact(value: Any, key: str = "") -> Any:
-    """A copy of a JSON-like value with secret-looking keys and strings blanked."""
-    if isinstance(value, str):
-        return REDACTED if value and _SECRET_KEY.search(key) else redact_text(value)
-    if isinstance(value, Mapping):
-        return {k: redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact(v, key) for v in value]
-    return value
 
 
 def _json(value: Any) -> str:
@@ -214,6 +82,53 @@ class GateRecord:
     recorded_at: str
     host_class: str
     result: GateResult = field(repr=False)
+
+
+@dataclass(frozen=True)
+class RolloutHostRecord:
+    host: str
+    wave: int
+    outcome: str
+    verdict: str | None
+    detail: str
+    flagged: str | None
+    medians: dict[int, float]
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    id: str
+    started_at: str
+    finished_at: str | None
+    stack: str
+    image: str
+    digest: str
+    policy: str
+    plan: list[list[str]]
+    outcome: str  # running (or killed while running) | completed | stopped | refused
+    cause: str | None
+    hosts: list[RolloutHostRecord]
+
+
+class DeployFields(TypedDict, total=False):
+    """One deploy's row. `config` names it in the results table (default: variant, else stack);
+    `fingerprint`/`host_class` file a deploy that never reached the gate under the workload it was
+    meant for."""
+
+    host: Required[str]
+    stack: Required[str]
+    image: Required[str]
+    strategy: Required[str]
+    outcome: Required[DeployOutcome]
+    variant: str | None
+    digest: str | None
+    crash_signature: str | None
+    durations: Mapping[str, float] | None
+    downtime_s: float | None
+    cause: str | None
+    config: str | None
+    fingerprint: str | None
+    host_class: str | None
 
 
 def host_class_of(host: Mapping[str, str]) -> str:
@@ -291,7 +206,7 @@ class Ledger:
                     f"{self.path}: ledger schema version {current} is newer than this stackbuild "
                     f"understands ({SCHEMA_VERSION}); upgrade stackbuild or pass --ledger"
                 )
-            for statements in _MIGRATIONS[current:target]:
+            for statements in MIGRATIONS[current:target]:
                 for statement in statements:
                     db.execute(statement)
             if current == 0:
@@ -320,39 +235,28 @@ class Ledger:
             )
             return int(cur.lastrowid or 0)
 
-    def record_deploy(
-        self,
-        *,
-        host: str,
-        stack: str,
-        image: str,
-        strategy: str,
-        outcome: DeployOutcome,
-        variant: str | None = None,
-        digest: str | None = None,
-        crash_signature: str | None = None,
-        durations: Mapping[str, float] | None = None,
-        downtime_s: float | None = None,
-        cause: str | None = None,
-        config: str | None = None,
-        fingerprint: str | None = None,
-        host_class: str | None = None,
-    ) -> int:
-        """Record one deploy. `config` names the row in the results table (default: variant,
-        else stack); `fingerprint`/`host_class` file a deploy that never reached the gate
-        under the workload it was meant for."""
+    def has_build(self, image: str, digest: str | None) -> bool:
+        """Is this image (at this digest) recorded already? A rebuild that changed nothing is not a new row."""
+        row = self._db.execute("SELECT 1 FROM builds WHERE image = ? AND digest IS ? LIMIT 1",
+                               (redact_text(image), _opt(digest))).fetchone()
+        return row is not None
+
+    def record_deploy(self, **row: Unpack[DeployFields]) -> int:
+        outcome = row["outcome"]
         if outcome not in get_args(DeployOutcome):
             raise InputError(
                 f"deploy outcome {outcome!r}: use one of {', '.join(get_args(DeployOutcome))}"
             )
+        variant, stack = row.get("variant"), row["stack"]
         with self._write() as db:
             cur = db.execute(
                 "INSERT INTO deploys (recorded_at, host, stack, variant, config, image, digest,"
                 " strategy, outcome, crash_signature, durations_json, downtime_s, cause,"
                 " fingerprint, host_class) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (_now(), redact_text(host), stack, variant, config or variant or stack,
-                 redact_text(image), _opt(digest), strategy, outcome, _opt(crash_signature),
-                 _json(dict(durations or {})), downtime_s, _opt(cause), fingerprint, host_class),
+                (_now(), redact_text(row["host"]), stack, variant, row.get("config") or variant or stack,
+                 redact_text(row["image"]), _opt(row.get("digest")), row["strategy"], outcome,
+                 _opt(row.get("crash_signature")), _json(dict(row.get("durations") or {})),
+                 row.get("downtime_s"), _opt(row.get("cause")), row.get("fingerprint"), row.get("host_class")),
             )
             return int(cur.lastrowid or 0)
 
@@ -379,6 +283,41 @@ class Ledger:
                   lv.ci_low, lv.ci_high, lv.verdict) for lv in clean.levels],
             )
             return run_id
+
+    # Fleet rollouts: one row per rollout, one per host in it, written as each wave settles.
+
+    def start_rollout(self, *, id: str, stack: str, image: str, digest: str, policy: str,
+                      plan: list[list[str]]) -> None:
+        """Insert a rollout, or mark a resumed one running again (same id) under `plan`."""
+        with self._write() as db:
+            now = _now()
+            db.execute(
+                "INSERT INTO rollouts (id, started_at, stack, image, digest, policy, plan_json, outcome,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?)"
+                " ON CONFLICT(id) DO UPDATE SET outcome = 'running', finished_at = NULL,"
+                " policy = excluded.policy, plan_json = excluded.plan_json, updated_at = excluded.updated_at",
+                (id, now, stack, redact_text(image), digest, policy, json.dumps(plan), now),
+            )
+            # resumed with another plan (an inventory edited in between): rows of hosts it no longer has go
+            keep = sorted({redact_text(h) for wave in plan for h in wave})
+            db.execute(f"DELETE FROM rollout_hosts WHERE rollout_id = ? AND host NOT IN ({', '.join('?' * len(keep))})",
+                       (id, *keep))
+
+    def record_rollout_host(self, rollout_id: str, *, host: str, wave: int, outcome: str, verdict: str | None,
+                            detail: str, flagged: str | None, medians: Mapping[int, float]) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO rollout_hosts (rollout_id, host, wave, outcome, verdict, detail,"
+                " flagged, medians_json, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (rollout_id, redact_text(host), wave, outcome, verdict, redact_text(detail[:1000]),
+                 flagged, json.dumps({str(k): v for k, v in medians.items()}), _now()),
+            )
+
+    def finish_rollout(self, rollout_id: str, outcome: str, cause: str | None) -> None:
+        with self._write() as db:
+            now = _now()
+            db.execute("UPDATE rollouts SET outcome = ?, cause = ?, finished_at = ?, updated_at = ? WHERE id = ?",
+                       (outcome, _opt(cause), now, now, rollout_id))
 
     # --- reads ----------------------------------------------------------------
 
@@ -413,6 +352,23 @@ class Ledger:
             for row in rows
         ]
 
+    def rollouts(self) -> list[RolloutRecord]:
+        """Oldest first by last activity: a resumed rollout moves to the end."""
+        rows = self._db.execute(
+            "SELECT id, started_at, finished_at, stack, image, digest, policy, plan_json, outcome, cause"
+            " FROM rollouts ORDER BY updated_at, id").fetchall()
+        out = []
+        for r in rows:
+            hosts = self._db.execute(
+                "SELECT host, wave, outcome, verdict, detail, flagged, medians_json FROM rollout_hosts"
+                " WHERE rollout_id = ? ORDER BY wave, host", (r[0],)).fetchall()
+            out.append(RolloutRecord(
+                id=r[0], started_at=r[1], finished_at=r[2], stack=r[3], image=r[4], digest=r[5], policy=r[6],
+                plan=json.loads(r[7]), outcome=r[8], cause=r[9],
+                hosts=[RolloutHostRecord(h[0], h[1], h[2], h[3], h[4] or "", h[5],
+                                         {int(k): v for k, v in json.loads(h[6]).items()}) for h in hosts]))
+        return out
+
 
 def default_ledger_path(root: Path) -> Path:
     return root / ".stackbuild" / "ledger.db"
@@ -421,10 +377,13 @@ def default_ledger_path(root: Path) -> Path:
 def gate_plan(profile: GateProfile, path: Path, *, stored: bool, name: str = "", trials: int = 200) -> str:
     """`gate --plan` at the noise the gate results in the ledger at `path` showed (none yet:
     assumed); the deploy's dry run prints it too."""
-    from stackbuild.gate.plan import noise_from, plan_text
-
     results = []
     if path.exists():
         with Ledger(path) as db:
             results = [r.result for r in db.gate_runs()]
     return plan_text(profile, noise_from(results, profile), stored=stored, name=name, trials=trials)
+
+
+def ledger_path(given: Path | None, root: Path | None) -> Path:
+    """--ledger when given, else the project's default under `root` (the working directory if None)."""
+    return given or default_ledger_path(root or Path.cwd())

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from stackbuild.errors import InputError
-from stackbuild.results.ledger import Ledger
 
 
 def check_writable(path: Path, flag: str) -> None:
@@ -22,8 +21,3 @@ def check_writable(path: Path, flag: str) -> None:
     if not existed:
         path.unlink(missing_ok=True)
 
-
-def check_ledger(path: Path) -> None:
-    """Open (and migrate) the ledger now, so a corrupt or unwritable one stops a deploy before the host."""
-    with Ledger(path):
-        pass

@@ -1,7 +1,7 @@
 """The one writer of results: the report (and its plot) from the ledger, refreshed after each record.
 
-`build`, `gate`, `deploy`, the fleet and the demo record into the ledger and then call
-`update_report`; nothing else writes report.md.
+The recorder (recorder.py) calls `update_report` after every build, gate run and deploy it
+records, and `stackbuild report` calls `write_report`; nothing else writes report.md.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def write_report(ledger: Ledger, out: Path, *, plot: bool = True, note: Callable
     report = build_report(ledger.gate_runs(), ledger.deploys(), ledger.builds())
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_name = None
-    if plot and report.groups and report.groups[0].cells:
+    if plot and report.groups and any(report.groups[0].cells.values()):  # a plot with no point says nothing
         try:
             paths = plot_group(report.groups[0], out.with_name(out.stem + "-throughput"))
             plot_name = next(p.name for p in paths if p.suffix == ".svg")
