@@ -113,7 +113,7 @@ server:
   engine: sim
   model_path: sim/model
   flags:
-    --speed: 10
+    --speed: 4
     --warmup-s: 0.3
 runtime:
   gpus: none
@@ -127,12 +127,15 @@ runtime:
 gate:
   default_profile: tiny
   profiles:
-    # one level, runs of ~0.2 s: long enough that a stall of the shared
-    # cores does not decide the verdict, short enough for seconds per deploy
+    # one level, runs of ~0.7 s (3 rounds of 4 requests at --speed 4): the simulator's steps
+    # (~3 ms) stay longer than its CPU work, so a busy machine barely moves a run (measured
+    # under 4 busy loops: 1.4% run to run, where --speed 10 with one 0.14 s round gave 5.5%
+    # and far more under the whole suite), short enough for seconds per deploy
     tiny:
       concurrency: [4]
       input_len: 16
-      output_len: 96
+      output_len: 64
+      min_requests: 12
       warmup: 1
       runs: 3
       max_runs: 6
@@ -144,7 +147,7 @@ host:
   channel: {service}
 variants:
   good2: {{server: {{flags: {{--seed: 1}}}}}}
-  slower: {{server: {{flags: {{--speed: 5}}}}}}
+  slower: {{server: {{flags: {{--speed: 2}}}}}}
   crash: {{server: {{flags: {{--fault: crash-on-start}}}}}}
   neverready: {{server: {{flags: {{--fault: never-ready}}}}, runtime: {{ready_timeout_s: 3}}}}
   badgen: {{server: {{flags: {{--fault: fail-first-generation}}}}}}

@@ -29,11 +29,12 @@ from test_deploy_support import (
 
 pytestmark = pytest.mark.integration
 
-# Generations per deploy are bounded: readiness 1 + gate readiness 1 + warmup 1 + max_runs 6 x C=4
-# + 3 probes + output agreement (4 greedy prompts, then 4 teacher-forced) = 38 at most (26 when 3
-# runs decide), so a server that dies after 48 passes its gate and fails under the soak's
-# synthetic traffic (one generation per sample, about one sample a second over SSH: 30 s of soak
-# cover the at most 22 left; the soak ends at the first regression).
+# Generations per deploy are bounded: readiness 1 + gate readiness 1 + warmup 1 + max_runs 6 x 12
+# requests + 3 probes + output agreement (4 greedy prompts, then 4 teacher-forced) = 86 at most (50
+# when 3 runs decide), so a server that dies after 90 passes its gate and fails under the soak's
+# synthetic traffic (one generation per sample, about one sample a second over SSH: 60 s of soak
+# cover the at most 40 left; the soak ends at the first regression).
+# --speed 4 and 3 rounds a run: see tests/test_deploy_support.py (a busy machine barely moves a run).
 SPEC = """\
 name: fleettest
 description: fleet integration tests (sim at high speed, tiny gate)
@@ -46,7 +47,7 @@ server:
   engine: sim
   model_path: sim/model
   flags:
-    --speed: 10
+    --speed: 4
     --warmup-s: 0.3
 runtime:
   gpus: none
@@ -61,7 +62,8 @@ gate:
     tiny:
       concurrency: [4]
       input_len: 16
-      output_len: 96
+      output_len: 64
+      min_requests: 12
       warmup: 1
       runs: 3
       max_runs: 6
@@ -79,8 +81,8 @@ host:
     soak_interval_s: 0.2
 variants:
   good2: {server: {flags: {--seed: 1}}}
-  slower: {server: {flags: {--speed: 5}}}
-  dies: {server: {flags: {--fault: "die-after:48"}}}
+  slower: {server: {flags: {--speed: 2}}}
+  dies: {server: {flags: {--fault: "die-after:90"}}}
 """
 
 
@@ -101,7 +103,7 @@ class Fleet:
             lines += [f"  - name: h{i}", f"    address: {h.target}", f"    port: {self.ports[i]}",
                       f"    service: {self.service(i)}"]
             if i == sick:  # a host that reads slower than its own incumbent with any candidate
-                lines.append("    flags: {--speed: 5}")
+                lines.append("    flags: {--speed: 2}")
         path = self.root / name
         path.write_text("\n".join(lines) + "\n" + extra)
         return path
@@ -240,7 +242,7 @@ def test_unreachable_host_refuses_before_any_change(on_baseline: Fleet) -> None:
 
 def test_soak_regression_rolls_the_wave_back(on_baseline: Fleet) -> None:
     f = on_baseline
-    r = f.rollout("dies", "--soak", "30")
+    r = f.rollout("dies", "--soak", "60")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "soak: REGRESSED" in r.stdout
     assert f.releases() == ["fleettest"] * 3

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,11 @@ def test_traffic_command_samples_a_loaded_server(tmp_path: Path,
         threads = [threading.Thread(target=hold, daemon=True) for _ in range(8)]
         for t in threads:
             t.start()
+        # sample once all 8 are in flight: threads start late on a loaded machine
+        deadline = time.monotonic() + 20
+        while (in_flight(parse_metrics(http(s.url + "/metrics")[1].decode())) or 0) < 8:
+            assert time.monotonic() < deadline, "the 8 requests never were in flight together"
+            time.sleep(0.05)
         rc = main(["traffic", "--url", s.url, "--for", "2s", "--every", "0.25",
                    "--concurrency", "1,8,64", "--out", str(tmp_path / "t.json")])
     assert rc == 0
