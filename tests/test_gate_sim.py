@@ -19,14 +19,17 @@ from stackbuild.spec.profile import GateProfile
 pytestmark = pytest.mark.integration
 PER_TEST = True  # each test starts its own simulators
 
-# C=8 closed loop, 160 out tokens: at --speed 10 a run is ~0.35 s, long enough that a
-# stall of the 2 shared cores does not decide a verdict
+# C=8 closed loop, 160 out tokens: at --speed 10 a run is ~0.35 s. Tests whose verdict is the
+# point run the simulator at VERDICT_SPEED: its steps then outlast its CPU work, so a busy machine
+# barely moves a run (at --speed 10 the whole suite's load left the gate unable to decide)
+VERDICT_SPEED = "4"
 SMALL = ["--concurrency", "8", "--input-len", "32", "--output-len", "160", "--runs", "3",
          "--max-runs", "5", "--warmup", "1", "--no-progress"]
 
 
 def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with sim("--speed", "10") as inc, sim("--speed", "10", "--profile", "eagle3-topk1-v2") as cand:
+    with sim("--speed", VERDICT_SPEED) as inc, \
+            sim("--speed", VERDICT_SPEED, "--profile", "eagle3-topk1-v2") as cand:
         rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, "--name", "topk1",
                    "--concurrency", "30", *SMALL[2:], "--json", str(tmp_path / "r.json"),
                    "--junit", str(tmp_path / "r.xml")])
@@ -44,7 +47,7 @@ def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_slower_candidate_fails(capsys: pytest.CaptureFixture[str]) -> None:
-    with sim("--speed", "10") as inc, sim("--speed", "10", "--fault", "slow:1.3") as cand:
+    with sim("--speed", VERDICT_SPEED) as inc, sim("--speed", VERDICT_SPEED, "--fault", "slow:1.3") as cand:
         rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, *SMALL])
     err = capsys.readouterr().err
     assert rc == 1
@@ -94,9 +97,8 @@ def test_mid_run_crash_is_failed_requests_not_a_fast_run(tmp_path: Path) -> None
 def test_stored_baseline_round_trip_and_workload_mismatch(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
     ledger = tmp_path / "ledger.db"
-    # --speed 4: a stored baseline is compared across two moments of a busy machine; at this
-    # speed the simulator's steps outlast its CPU work, so the load between them barely moves it
-    with sim("--speed", "4") as s:
+    # a stored baseline is compared across two moments of a busy machine
+    with sim("--speed", VERDICT_SPEED) as s:
         assert main(["gate", "--url", s.url, *SMALL, "--json", str(base), "--name", "inc",
                      "--ledger", str(ledger)]) == 0
         assert main(["gate", "--url", s.url, *SMALL, "--baseline", str(base), "--name", "cand",
