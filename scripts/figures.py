@@ -132,7 +132,9 @@ def commit(root: Path) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
 
     head = git("rev-parse", "--short=12", "HEAD") or "?"
-    return head + (" with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    # the outputs themselves (earlier saved runs, this page) are not what is measured
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", f":!{RESULTS}", f":!{PAGE}")
+    return head + (" with uncommitted changes" if changed else "")
 
 
 def run(root: Path, bench: str, args: list[str], label: str = "") -> Saved:
