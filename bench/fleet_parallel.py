@@ -90,6 +90,8 @@ def main() -> None:
             wave_s = time.monotonic() - t0
             outcomes = [one.outcome] + [getattr(r, "outcome", repr(r)) for r in wave.values()]
             print(f"outcomes: {outcomes}")
+            if outcomes != ["promoted"] * (n + 1):  # a rollback's time is not a deploy's: no figure
+                raise SystemExit(f"not every candidate was promoted: {outcomes}")
             print(f"fleet_parallel: one_host_s={one_s:.2f} wave_s={wave_s:.2f} hosts={n} ratio={wave_s / one_s:.2f}")
         finally:
             for i, h in enumerate(hosts):
