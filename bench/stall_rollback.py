@@ -26,13 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from _local import ROOT, deploy, sim_image
+
 from stackbuild.effects.net import free_port
 from stackbuild.host import local
-from stackbuild.host.session import pin
-from stackbuild.image.build import build_stack
-from stackbuild.spec.load import load_stack
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEC = """\
 name: stallbench
 base_image: local/debian:bookworm
@@ -60,9 +58,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--code", type=Path, default=ROOT, help="the stackbuild tree whose CLI runs the deploys")
     code = ap.parse_args().code.resolve()
-    built = build_stack(load_stack("sim", root=ROOT), registry="127.0.0.1:5000/stackbuild", push=True, root=ROOT)
-    assert built.digest, "the build pushed no digest"
-    image = pin(built.image, built.digest)
+    image = sim_image()
     env = {**os.environ, "PYTHONPATH": str(code)}
     with tempfile.TemporaryDirectory(prefix="stallbench-") as tmp:
         root = Path(tmp)
@@ -72,17 +68,13 @@ def main() -> int:
                                                                       service=service))
         host = local.start(root / "keys", name=f"{service}-host")
         try:
-            def deploy(*extra: str) -> subprocess.CompletedProcess[str]:
-                return subprocess.run(
-                    [sys.executable, "-m", "stackbuild", "--root", str(root), "deploy", "stallbench", *extra,
-                     "--host", host.target, "--known-hosts", str(host.known_hosts), "--identity", str(host.key),
-                     "--image", image, "--ledger", str(root / "ledger.db")],
-                    capture_output=True, text=True, cwd=root, env=env, timeout=1200)
+            def run(*extra: str) -> subprocess.CompletedProcess[str]:
+                return deploy(root, "stallbench", host, image, *extra, env=env)
 
-            first = deploy()
+            first = run()
             assert first.returncode == 0, first.stdout + first.stderr
             t0 = time.perf_counter()
-            r = deploy("--variant", "stall")
+            r = run("--variant", "stall")
             took = time.perf_counter() - t0
         finally:
             local.stop(host, (service,))
