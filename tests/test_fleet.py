@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from stackbuild.cli.main import main
 from stackbuild.errors import InputError, SpecError
 from stackbuild.fleet.inventory import host_stack, load_inventory, select
 from stackbuild.fleet.plan import decide_wave, host_class, outliers, plan_waves, remaining, spread
@@ -348,28 +349,26 @@ def test_a_rollout_resumed_under_another_plan_keeps_only_its_hosts_rows(tmp_path
     assert (r.plan, [h.host for h in r.hosts]) == ([["a"], ["b"]], ["a"])
 
 
-def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:
-    import subprocess
-    import sys
+def test_cli_fleet_input_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # in-process: main's one error handler is what turns these into one line, exit 2
+    def run(*args: str) -> tuple[int, str]:
+        rc = main(list(args))
+        return rc, capsys.readouterr().err
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "stackbuild", *args], capture_output=True, text=True,
-                              timeout=60)
-
-    r = run("deploy", "sim", "--fleet", "--image", "r@sha256:" + "0" * 64)
-    assert r.returncode == 2 and "no fleet: list hosts under host.hosts" in r.stderr
-    r = run("deploy", "sim", "--hosts", "a,b")
-    assert r.returncode == 2 and "--hosts/--inventory need --fleet" in r.stderr
+    rc, err = run("deploy", "sim", "--fleet", "--image", "r@sha256:" + "0" * 64)
+    assert rc == 2 and "no fleet: list hosts under host.hosts" in err
+    rc, err = run("deploy", "sim", "--hosts", "a,b")
+    assert rc == 2 and "--hosts/--inventory need --fleet" in err
     bad = tmp_path / "inv.yaml"
     bad.write_text("hosts:\n  - name: 'bad name'\n")
-    r = run("deploy", "sim", "--fleet", "--inventory", str(bad), "--image", "r@sha256:" + "0" * 64)
-    assert r.returncode == 2 and r.stderr.startswith(f"{bad}:2:11: error: hosts.0.name:")
-    assert "Traceback" not in r.stderr
+    rc, err = run("deploy", "sim", "--fleet", "--inventory", str(bad), "--image", "r@sha256:" + "0" * 64)
+    assert rc == 2 and err.startswith(f"{bad}:2:11: error: hosts.0.name:")
+    assert "Traceback" not in err
     flagged = tmp_path / "flags.yaml"
     flagged.write_text("hosts:\n  - name: a\n    flags: {--no-such-flag: 1}\n")
-    r = run("deploy", "sim", "--fleet", "--inventory", str(flagged), "--image", "r@sha256:" + "0" * 64)
-    assert r.returncode == 2, r.stderr
-    assert f"{flagged}: error: host a: server.flags: '--no-such-flag' is not a simulator option" in r.stderr
+    rc, err = run("deploy", "sim", "--fleet", "--inventory", str(flagged), "--image", "r@sha256:" + "0" * 64)
+    assert rc == 2, err
+    assert f"{flagged}: error: host a: server.flags: '--no-such-flag' is not a simulator option" in err
 
 
 @pytest.mark.parametrize("name, write, where, what", [
@@ -381,16 +380,13 @@ def test_cli_fleet_input_errors_exit_2(tmp_path: Path) -> None:
      "hosts.0.address: not [USER@]HOST[:PORT] (e.g. root@gpu1:22, or an ~/.ssh/config alias) [inventory]"),
 ])
 def test_an_inventory_is_a_spec_refused_before_any_rollout_is_recorded(
-        tmp_path: Path, name: str, write: object, where: str, what: str) -> None:
-    import subprocess
-    import sys
-
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, write: object, where: str, what: str) -> None:
     inv, ledger = tmp_path / f"{name}.yaml", tmp_path / "ledger.db"
     write(inv)  # type: ignore[operator]
-    r = subprocess.run([sys.executable, "-m", "stackbuild", "deploy", "sim", "--fleet", "--inventory", str(inv),
-                        "--image", "r@sha256:" + "0" * 64, "--ledger", str(ledger)],
-                       capture_output=True, text=True, timeout=60)
-    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"{inv}:{where}: error: {what}\n")
+    rc = main(["deploy", "sim", "--fleet", "--inventory", str(inv), "--image", "r@sha256:" + "0" * 64,
+               "--ledger", str(ledger)])
+    out, err = capsys.readouterr()
+    assert (rc, out, err) == (2, "", f"{inv}:{where}: error: {what}\n")
     assert not ledger.exists()  # nothing recorded, and no host was reached (none is named that could be)
 
 
