@@ -57,6 +57,7 @@ class Drained:
 
 class Gateway(Protocol):
     url: str
+    pace: Pace  # what waiting on it polls at (and on which clock)
 
     def workers(self) -> list[Worker]: ...
 

@@ -23,6 +23,7 @@ from stackbuild.fleet.rollout import DeployResult, HostView
 from stackbuild.fleet.soak import Sample, parse_counters, soak
 from stackbuild.gate.result import GateResult
 from stackbuild.host import converge, units
+from stackbuild.host.deploy_steps import deploy_ports, place
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.preflight import run_preflight
 from stackbuild.host.session import Endpoint, RunOptions, deploy_args, run_deploy
@@ -42,8 +43,8 @@ def preflight_on(r: Remote, hs: Stack, image: str) -> str | None:
     """The single deploy's preflight, with the same ports (ours may be held by our own incumbent)."""
     paths = paths_of(hs)
     state = read_state(r, paths)
-    active = state.current is not None and units.is_active(r, paths.main_unit)
-    pf = run_preflight(r, hs, image=image, strategy=hs.host.strategy, incumbent_active=active)
+    active = state.current is not None and units.is_active(r, paths.unit_of(state.slot))
+    pf = run_preflight(r, hs, image=image, ports=deploy_ports(place(hs, state, hs.host.strategy), active))
     return None if pf.ok else "; ".join(f"{c.name}: {c.detail}" for c in pf.failures)
 
 
