@@ -112,9 +112,10 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
         with rep.step("pull") as st:
             pulled = units.ensure_image(remote, req.image, req.pull_timeout_s)
             st.detail = "pulled" if pulled else "already on the host"
-        if svc.ensure_gateway is not None:
+        if svc.gateway is not None:
             with rep.step("gateway") as st:
-                st.detail = svc.ensure_gateway()
+                st.detail = svc.gateway.bring_up(p.serving_port if incumbent_active else None,
+                                                 dry_run=remote.dry_run)
         with rep.step("stage unit") as st:
             env = {"env_file": secrets.candidate_env_file(paths.service)} if p.beside else {}
             text = svc.render_unit(stack, image=req.image, port=p.port, name=unit.removesuffix(".service"), **env)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from stackbuild.effects.gateway import Drained, Gateway, drain
 from stackbuild.errors import InfraError
+from stackbuild.host.gateway import wait_answering
 from stackbuild.host.state import Slot
 
 # port -> the server's own in-flight count reader, valid while the context is open (a tunnel, say)
@@ -37,10 +38,24 @@ class GatewayLink:
     ports: Mapping[Slot, int]  # each unit's port under the spec (a release records its own)
     drain_timeout_s: float
     join_timeout_s: float
+    # the gateway's unit brought up to date on its host, given the pool it starts with when it has none
+    # yet; what it did (host/gateway.py ensure). None: the gateway is not stackbuild's to deploy
+    unit: Callable[[list[str]], str] | None = None
 
     @property
     def url(self) -> str:
         return self.api.url
+
+    def bring_up(self, serving: int | None, *, dry_run: bool = False) -> str:
+        """The gateway's unit up to date and answering, and the server serving `serving` in its pool."""
+        said = [self.unit([self.worker_url(serving)] if serving else [])] if self.unit is not None else []
+        if dry_run:
+            return "; ".join([*said, f"would put {self.worker_url(serving)} in it" if serving else ""]).strip("; ")
+        workers = wait_answering(self.api, self.join_timeout_s)
+        said.append(f"{self.url} answers ({len(workers)} worker(s))")
+        if serving:
+            said.append(self.join(serving))
+        return "; ".join(said)
 
     def join(self, port: int) -> str:
         """Into the pool (waits until the gateway routes to it), then into the pool file."""
@@ -68,7 +83,3 @@ class GatewayLink:
             raise DrainFailed(f"drain of {d.url} from the gateway {self.url} did not finish: {d.detail}; it was "
                               "put back and nothing was stopped (raise gateway.drain_timeout_s for longer requests)")
         return f"{d.url} drained in {d.seconds:.1f}s"
-
-
-def worker_urls(link: GatewayLink, ports: list[int]) -> list[str]:
-    return [link.worker_url(p) for p in ports]

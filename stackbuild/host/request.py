@@ -53,11 +53,9 @@ class Services:
     sleep: Callable[[float], None] = time.sleep
     # the gate's plan (expected runs and duration) for a dry run to print
     gate_plan: Callable[[GateProfile, bool], str] | None = None
-    # the gateway in front of the host (None: clients reach the server's port directly): servers
-    # are drained out of it before they stop and join it once they serve (host/pool.py)
+    # the gateway in front of the host (None: clients reach the server's port directly): brought up
+    # to date first, then servers are drained out of it before they stop and join it once they
+    # serve (host/pool.py)
     gateway: GatewayLink | None = None
-    # the gateway's unit brought up to date on its host, and this host's serving server in its
-    # pool (host/gateway.py); what it did, in words
-    ensure_gateway: Callable[[], str] | None = None
     # how long a swap's outage will be, from the ledger's load times for the stack (words)
     outage_plan: Callable[[], str] | None = None
