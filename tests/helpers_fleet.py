@@ -29,12 +29,15 @@ from stackbuild.host.request import GateFn
 from stackbuild.host.session import Reach, RunOptions
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions
 from stackbuild.host.state import HostState
+from stackbuild.render.gateway import pool_file, pool_urls
 from stackbuild.spec.fleet import Fleet, FleetHost
+from stackbuild.spec.gateway import Gateway as GatewaySpec
 from stackbuild.spec.stack import Stack
 
 GW_IMAGE = f"{REPO}@sha256:" + "9" * 64  # the gateway's image, as if built and pushed
-GATEWAY_SPEC = sim_stack().gateway
-assert GATEWAY_SPEC is not None
+_GATEWAY = sim_stack().gateway
+assert _GATEWAY is not None
+GATEWAY_SPEC: GatewaySpec = _GATEWAY
 
 
 def fleet_stack(strategy: str, n: int = 3, waves: tuple[int | str, ...] = (1, 2, "100%"),
@@ -73,8 +76,18 @@ def fleet_gateway(fakes: dict[str, FakeHost], request_s: float = 2.0) -> FakeGat
         f = fakes["h0" if host == "127.0.0.1" else host]
         return f.serving(int(port)) is not None
 
-    return FakeGateway(fakes["h0"].pace(0.2), url=f"http://127.0.0.1:{gw.port}", request_s=request_s, serves=serves,
-                       up=lambda: fakes["h0"].serving(gw.port) is not None)
+    started: list[FakeGateway] = []
+
+    def up() -> bool:  # its unit runs on h0; started, it routes to what its pool file names
+        if fakes["h0"].serving(gw.port) is None:
+            return False
+        if not started:
+            started.append(fake.start(*pool_urls(fakes["h0"].files.get(pool_file(gw)))))
+        return True
+
+    fake = FakeGateway(fakes["h0"].pace(0.2), url=f"http://127.0.0.1:{gw.port}", request_s=request_s, serves=serves,
+                       up=up)
+    return fake
 
 
 def sending(gw: FakeGateway) -> Callable[[str, list[str]], bool]:
@@ -104,6 +117,22 @@ def look(f: FakeHost) -> HostState:
     return state(f)
 
 
+class FakeConn:
+    """One connection to a fake host: the host's own commands, closed on its own, so connections that
+    threads hold at once to one host (the gateway's, say) do not close each other."""
+
+    def __init__(self, host: FakeHost, on_close: Callable[[], None]) -> None:
+        self.host, self._on_close, self._closed = host, on_close, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.host, name)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._on_close()
+
+
 @dataclass
 class FakeReach(Reach):
     """The fake hosts by name: connecting to one hands out the host itself (a fresh connection to
@@ -119,13 +148,24 @@ class FakeReach(Reach):
         if self.gw is None and "h0" in self.fakes:
             self.gw = fleet_gateway(self.fakes)
 
+    _open: dict[str, int] = field(default_factory=dict)  # connections open to each host
+
     def _fake(self, remote: Remote) -> tuple[str, FakeHost]:
-        return next((n, f) for n, f in self.fakes.items() if f is remote)
+        host = remote.host if isinstance(remote, FakeConn) else remote
+        return next((n, f) for n, f in self.fakes.items() if f is host)
 
     def connect(self, address: HostAddress, opts: SshOptions) -> Remote:
         if address.host in self.down or address.host not in self.fakes:
             raise InfraError(f"cannot connect to {address} over SSH: Connection refused")
-        return self.fakes[address.host].reconnect()
+        name = address.host
+        self._open[name] = self._open.get(name, 0) + 1
+        self.fakes[name].reconnect()
+        return FakeConn(self.fakes[name], lambda: self._closed(name))
+
+    def _closed(self, name: str) -> None:
+        self._open[name] -= 1
+        if not self._open[name]:  # the last one open: the host's connection goes (what tests look at)
+            self.fakes[name].close()
 
     def http_probe(self, remote: Remote) -> Callable[[str], Probe]:
         return self._fake(remote)[1].http_probe

@@ -166,6 +166,8 @@ class RealOps:
         if self.run.stack.gateway is None:
             return None
         at = next((n for n, h in self.hosts.items() if same_host(h.target, self.gateway_at)), None)
+        serving = each(list(self.hosts), self._serving_url, 4)  # a gateway started anew starts with them
+        first = sorted(u for u in serving.values() if isinstance(u, str))
         with self._connect(self.gateway_at) as r:
             failed = [c for c in gateway.checks(r, self.run.stack) if not c.ok]
             if failed:
@@ -175,12 +177,17 @@ class RealOps:
                               endpoint=Endpoint(r, parse_host(self.gateway_at), self.run.tunnel),
                               image=self.run.gateway_image, pull_timeout_s=self.pull_timeout_s) as link:
                 assert link is not None
-                said = link.bring_up(None)
+                said = link.bring_up(None, pool=first)
         self.say(at or "gateway", [f"gateway: {said}"])
         # every host serving its committed release is in the pool: one a killed run drained goes back
         back = each(list(self.hosts), self._rejoin, 4)
         bad = {h: str(x).splitlines()[0] for h, x in back.items() if isinstance(x, Exception)}
         return "; ".join(f"{h}: not put back into the gateway ({why})" for h, why in bad.items()) or None
+
+    def _serving_url(self, host: str) -> str | None:
+        with self.remote(host) as r, self.link(host, r) as link:
+            port = self.serving_port(host, r)
+            return link.worker_url(port) if link is not None and port is not None else None
 
     def _rejoin(self, host: str) -> str | None:
         with self.remote(host) as r, self.link(host, r) as link:
@@ -229,7 +236,7 @@ class RealOps:
 
     def _deploy(self, host: str, hs: Stack, lines: list[str]) -> DeployResult:
         reports: list[DeployReport] = []
-        args = deploy_args(replace(self.run, image=self.image, gateway_host=self.gateway_at), stack=hs,
+        args = deploy_args(replace(self.run, image=self.image, gateway_host=self.gateway_at, drained=True), stack=hs,
                            host_text=self.hosts[host].target)
         try:
             code = run_deploy(args, echo=lines.append, reports=reports)

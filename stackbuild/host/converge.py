@@ -26,6 +26,7 @@ from stackbuild.host.state import (
     HostPaths,
     HostState,
     Pending,
+    Slot,
     lock_holder,
     me,
     now_iso,
@@ -86,21 +87,21 @@ def converger_for(
 def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converger) -> HostState:
     rep = conv.report
     staged: str | None = None
-    cur, slot = state.current, state.slot
-    spare = other(slot)
+    cur, slot, link = state.current, state.slot, conv.link
+    # Behind a gateway the release comes back (and joins) before the service's other unit leaves, so
+    # the pool is never empty (a rollback across units drops nothing); without one, the other unit
+    # goes first, freeing its port and its GPUs.
+    spare_first = link is None or cur is None
     with rep.step("restore") as st:
-        said = []
-        if conv.link is not None:  # a candidate the gateway routes to (it passed) leaves it before it stops
-            said.append(_leave(conv, conv.link.ports[spare]))
-        units.remove(remote, paths.unit_of(spare), *paths.files_of(spare))
+        said = _remove_spare(remote, paths, conv, other(slot)) if spare_first else []
         units.remove(remote, paths.switch_unit, *paths.switch_paths)  # a switch whose client died
         # before the incumbent (re)starts: it reads the file it ran with, not the candidate's values
         secrets.restore(remote, paths)
         unit = paths.unit_of(slot)
         if cur is None:
             conv.outage_end()
-            if conv.link is not None:
-                said.append(_leave(conv, conv.link.ports[slot]))
+            if link is not None:
+                said.append(_leave(conv, link.ports[slot]))
             units.remove(remote, unit, *paths.files_of(slot))
             st.detail = "no incumbent: candidate removed, nothing else was running"
         else:
@@ -113,7 +114,7 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
                     units.enable(remote, unit)
                     st.detail += f"; enabled it (it was {boot.enabled or 'not enabled'}: no start on boot)"
             else:
-                if conv.link is not None and boot.active == "active":  # what runs there now drains first
+                if link is not None and boot.active == "active":  # what runs there now drains first
                     said.append(_leave(conv, cur.port))
                 # runs from the /run override until verified and committed, as a candidate does
                 conv.outage_begin()
@@ -146,10 +147,20 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
         commit(remote, paths, restored, staged)
     else:
         write_state(remote, paths, restored)
-    if cur is not None and conv.link is not None and not remote.dry_run:
+    if cur is not None and link is not None:
         with rep.step("gateway") as st:  # serving again: back into the gateway (a no-op when it never left)
-            st.detail = conv.link.join(cur.port)
+            said = [] if remote.dry_run else [link.join(cur.port)]
+            said += _remove_spare(remote, paths, conv, other(slot))
+            st.detail = "; ".join(s for s in said if s)
     return restored
+
+
+def _remove_spare(remote: Remote, paths: HostPaths, conv: Converger, spare: Slot) -> list[str]:
+    """The service's other unit (a candidate, or the release a rollback replaces) out of the gateway, stopped
+    and gone from every place its file may be."""
+    said = [_leave(conv, conv.link.ports[spare])] if conv.link is not None else []
+    units.remove(remote, paths.unit_of(spare), *paths.files_of(spare))
+    return said
 
 
 def _leave(conv: Converger, port: int) -> str:

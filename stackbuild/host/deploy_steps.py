@@ -42,9 +42,10 @@ class Placement:
 def place(stack: Stack, state: HostState, strategy: str) -> Placement:
     """Swap: in the incumbent's own unit, on its port. Side-by-side: in the service's other unit, on
     that unit's port -- runtime.staging_port while the incumbent serves runtime.port, and the other
-    way round once a promotion through the gateway left the release on the staging unit."""
+    way round once a promotion through the gateway left the release on the staging unit. A first
+    deploy has nothing to run beside: the main unit, on runtime.port."""
     serving = state.slot
-    slot = serving if strategy == "swap" else other(serving)
+    slot = serving if strategy == "swap" or state.current is None else other(serving)
     serving_port = state.current.port if state.current else slot_port(stack, serving)
     return Placement(slot, slot_port(stack, slot), serving, serving_port)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from stackbuild.effects.gateway import Drained, Gateway, drain
+from stackbuild.effects.gateway import Drained, Gateway, wait_idle
 from stackbuild.errors import InfraError
 from stackbuild.host.gateway import wait_answering
 from stackbuild.host.state import Slot
@@ -39,22 +39,29 @@ class GatewayLink:
     drain_timeout_s: float
     join_timeout_s: float
     # the gateway's unit brought up to date on its host, given the pool it starts with when it has none
-    # yet; what it did (host/gateway.py ensure). None: the gateway is not stackbuild's to deploy
+    # yet; what it did (host/gateway.py ensure). None: brought up already (a rollout does it once)
     unit: Callable[[list[str]], str] | None = None
+    # the caller drained the host before the deploy (a rollout): its incumbent stays out until the
+    # deploy puts it back (restored) or a candidate takes its place (passed)
+    kept_out: bool = False
 
     @property
     def url(self) -> str:
         return self.api.url
 
-    def bring_up(self, serving: int | None, *, dry_run: bool = False) -> str:
-        """The gateway's unit up to date and answering, and the server serving `serving` in its pool."""
-        said = [self.unit([self.worker_url(serving)] if serving else [])] if self.unit is not None else []
+    def bring_up(self, serving: int | None, *, pool: list[str] | None = None, dry_run: bool = False) -> str:
+        """The gateway's unit up to date and answering, and the server serving `serving` in its pool.
+        `pool`: what a gateway started for the first time starts with (default: that server)."""
+        first = pool if pool is not None else [self.worker_url(serving)] if serving else []
+        said = [self.unit(first)] if self.unit is not None else []
         if dry_run:
             return "; ".join([*said, f"would put {self.worker_url(serving)} in it" if serving else ""]).strip("; ")
         workers = wait_answering(self.api, self.join_timeout_s)
         said.append(f"{self.url} answers ({len(workers)} worker(s))")
-        if serving:
+        if serving and not self.kept_out:
             said.append(self.join(serving))
+        elif serving:
+            said.append(f"{self.worker_url(serving)} kept out (drained by the rollout)")
         return "; ".join(said)
 
     def join(self, port: int) -> str:
@@ -73,7 +80,7 @@ class GatewayLink:
             was_in = self.api.remove(url, timeout_s=self.join_timeout_s)
             if not was_in and not in_flight():
                 return Drained(url, True, 0.0, 0.0, "not in the gateway, nothing in flight")
-            return drain(self.api, url, in_flight=in_flight, timeout_s=self.drain_timeout_s, pace=self.api.pace)
+            return wait_idle(url, in_flight=in_flight, timeout_s=self.drain_timeout_s, pace=self.api.pace)
 
     def leave_or_back(self, port: int) -> str:
         """`leave`, or when the server does not empty in time: back into the pool and DrainFailed."""

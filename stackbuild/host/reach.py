@@ -110,11 +110,12 @@ def same_host(a: str, b: str) -> bool:
 @contextmanager
 def gateway_link(reach: Reach, ssh: SshOptions, tunnel: bool | None, stack: Stack, *, gateway_at: str,
                  server_at: str, server: Remote, endpoint: Callable[[int], Any], image: str | None = None,
-                 pull_timeout_s: float = 1800.0) -> Iterator[GatewayLink | None]:
+                 pull_timeout_s: float = 1800.0, kept_out: bool = False) -> Iterator[GatewayLink | None]:
     """The gateway in front of the server host `server_at` (connected: `server`, its ports at `endpoint`),
     for as long as the block runs; None when the stack has no gateway. The gateway's own host is
     reached over the server's connection when it is the same host, else over one of its own.
-    `image`: the gateway image its unit runs (None: the unit is left as it is)."""
+    `image`: the gateway image its unit runs (None: the unit is left as it is). `kept_out`: the caller
+    drained the server host (GatewayLink.kept_out)."""
     gw = stack.gateway
     if gw is None:
         yield None
@@ -147,7 +148,7 @@ def gateway_link(reach: Reach, ssh: SshOptions, tunnel: bool | None, stack: Stac
             yield GatewayLink(api, worker, watch, pool, {"main": stack.runtime.port,
                                                          "staging": stack.runtime.staging_port},
                               drain_timeout_s=gw.drain_timeout_s, join_timeout_s=stack.runtime.ready_timeout_s,
-                              unit=unit if image else None)
+                              unit=unit if image else None, kept_out=kept_out)
     finally:
         if not same:
             gw_remote.close()

@@ -63,6 +63,7 @@ class RunOptions:
     reach: Reach = field(default_factory=Reach)
     gateway_image: str | None = None  # the gateway's, pinned (None: built, or found in the registry, when needed)
     gateway_host: str | None = None  # where the gateway runs, resolved (None: gateway.host, else the deploy's host)
+    drained: bool = False  # a rollout drained the host out of the gateway (and brought the gateway up) first
 
     @property
     def recorder_path(self) -> Path:
@@ -196,7 +197,7 @@ def run_deploy(
         real = args.reach.connect(address, args.ssh)
     else:
         image, digest = resolve_image(args, echo)
-    gw_image = resolve_gateway_image(args, echo, dry_run=args.dry_run)
+    gw_image = None if args.drained else resolve_gateway_image(args, echo, dry_run=args.dry_run)
     remote: Remote = DryRunRemote(str(address), reader=real, echo=echo) if args.dry_run else real
     endpoint = Endpoint(remote, address, args.tunnel)
     svc = _services(args, endpoint, real, echo)
@@ -213,7 +214,7 @@ def run_deploy(
     try:
         with restore_on_signal(), gateway_link(args.reach, args.ssh, args.tunnel, args.stack, gateway_at=at,
                                                server_at=args.host_text, server=remote, endpoint=endpoint,
-                                               image=gw_image) as link:
+                                               image=gw_image, kept_out=args.drained) as link:
             svc.gateway = link
             rep = deploy(remote, req, svc)
     finally:
