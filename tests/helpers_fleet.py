@@ -66,27 +66,30 @@ def fake_fleet(n: int = 3) -> dict[str, FakeHost]:
 
 
 def fleet_gateway(fakes: dict[str, FakeHost], request_s: float = 2.0) -> FakeGateway:
-    """The gateway in front of the fake fleet, on the clock of h0, the host its unit runs on: a worker
-    answers while its host serves its port (h0 is 127.0.0.1 to it), and the gateway answers while its
-    unit runs on h0."""
+    """The gateway in front of the fake fleet, its unit on h0 (h0 is 127.0.0.1 to it)."""
+    return gateway_on(fakes["h0"], lambda host: fakes["h0" if host == "127.0.0.1" else host], request_s)
+
+
+def gateway_on(host: FakeHost, host_of: Callable[[str], FakeHost], request_s: float = 2.0) -> FakeGateway:
+    """The gateway whose unit runs on `host`, on that host's clock: it answers while its unit runs there,
+    starts routing to what its pool file names, and a worker answers while the host `host_of` its URL's
+    host name serves the URL's port."""
     gw = GATEWAY_SPEC
 
     def serves(url: str) -> bool:
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        f = fakes["h0" if host == "127.0.0.1" else host]
-        return f.serving(int(port)) is not None
+        name, port = url.removeprefix("http://").rsplit(":", 1)
+        return host_of(name).serving(int(port)) is not None
 
     started: list[FakeGateway] = []
 
-    def up() -> bool:  # its unit runs on h0; started, it routes to what its pool file names
-        if fakes["h0"].serving(gw.port) is None:
+    def up() -> bool:
+        if host.serving(gw.port) is None:
             return False
         if not started:
-            started.append(fake.start(*pool_urls(fakes["h0"].files.get(pool_file(gw)))))
+            started.append(fake.start(*pool_urls(host.files.get(pool_file(gw)))))
         return True
 
-    fake = FakeGateway(fakes["h0"].pace(0.2), url=f"http://127.0.0.1:{gw.port}", request_s=request_s, serves=serves,
-                       up=up)
+    fake = FakeGateway(host.pace(0.2), url=f"http://127.0.0.1:{gw.port}", request_s=request_s, serves=serves, up=up)
     return fake
 
 

@@ -38,7 +38,7 @@ def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, regist
                    keep: bool, echo: Callable[[str], None]) -> None:
     from stackbuild.effects.net import free_port
     from stackbuild.fleet.session import FleetArgs, run_fleet
-    from stackbuild.fleet.status import latest_rollout, read_fleet, render
+    from stackbuild.fleet.status import latest_rollout, read_fleet, read_gateway, render
     from stackbuild.host import local
     from stackbuild.host.ssh import SshOptions
     from stackbuild.spec.load import load_stack
@@ -76,6 +76,8 @@ def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, regist
         base = on_port(base, port)
         rows = read_fleet(base, ssh, None, inv)
         echo(render(rows, latest_rollout(ledger, base)))
+        for line in read_gateway(base, ssh, None, inv):
+            echo(line)
         wrong = [r.host for r in rows if r.release != "sim-eagle3-topk1-v2" or not r.active]
         if wrong:
             raise InfraError(f"demo --fleet: not on the passing candidate: {', '.join(wrong)}")

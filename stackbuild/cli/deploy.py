@@ -279,13 +279,16 @@ def rollback_cmd(
 
 def _fleet_status(ctx: click.Context, stack_name: str, ssh: Any, hosts_csv: str | None,
                   inventory: Path | None, ledger: Path | None) -> None:
-    from stackbuild.fleet.status import latest_rollout, read_fleet, render
+    from stackbuild.fleet.status import latest_rollout, read_fleet, read_gateway, render
     from stackbuild.results.ledger import default_ledger_path
     from stackbuild.spec.load import load_stack
 
     stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"))
-    rows = read_fleet(stack, ssh, [h.strip() for h in hosts_csv.split(",")] if hosts_csv else None, inventory)
+    chosen = [h.strip() for h in hosts_csv.split(",")] if hosts_csv else None
+    rows = read_fleet(stack, ssh, chosen, inventory)
     click.echo(render(rows, latest_rollout(ledger or default_ledger_path(_root(ctx)), stack)))
+    for line in read_gateway(stack, ssh, chosen, inventory):
+        click.echo(line)
     if any(r.error for r in rows):
         _exit(4)
 

@@ -257,6 +257,7 @@ class HostStatus:
     enabled: str = ""  # systemd's UnitFileState of the main unit: "enabled" starts it on boot
     under_test: bool = False  # its unit runs from a file in /run: a release not committed
     unit: str = ""  # the unit the committed release runs as
+    gateways: tuple[str, ...] = ()  # lines on the gateways this host runs (host/gateway.py), when asked for
 
     @property
     def boot(self) -> str:
@@ -293,7 +294,7 @@ class HostStatus:
                 f"  PENDING: interrupted {s.pending.op} of {s.pending.image} since "
                 f"{s.pending.started_at}; the next deploy or rollback converges it"
             )
-        return "\n".join(lines)
+        return "\n".join([*lines, *self.gateways])
 
 
 def status(remote: Remote, paths: HostPaths) -> HostStatus:

@@ -155,7 +155,7 @@ class FakeHost(FakeSystemd):
         if script == SERVICES_SCRIPT:  # ls -1 of a dir: its entries, one a line
             (top,) = p
             under = [x[len(top) + 1:] for x in [*self.dirs, *self.files] if x.startswith(top + "/")]
-            names = sorted({x.split("/")[0] for x in under})
+            names = sorted({x.split("/")[0] for x in under if not x.startswith(".")})  # ls skips dot entries
             return self._ok(cmd, "".join(f"{n}\n" for n in names)) if top in self.dirs else RemoteResult(cmd, 2, "", "")
         if script in (BACKUP_SCRIPT, RESTORE_SCRIPT):
             return self._secrets(script, p, cmd)

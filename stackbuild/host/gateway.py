@@ -160,5 +160,5 @@ def records(remote: Remote, state_dir: str) -> list[GatewayRecord]:
 def describe(workers: list[Worker], names: dict[str, str] | None = None) -> list[str]:
     """One line a worker: its URL (and the host it is, when known), its state, what it has in flight."""
     names = names or {}
-    return [f"  {w.url}{' (' + names[w.url] + ')' if w.url in names else ''}: {w.status}"
-            f"{'' if w.healthy else ', unhealthy'}, {w.load} in flight" for w in workers] or ["  (no workers)"]
+    return [f"    {w.url}{' (' + names[w.url] + ')' if w.url in names else ''}: {w.status}"
+            f"{'' if w.healthy else ', unhealthy'}, {w.load} in flight" for w in workers] or ["    (no workers)"]

@@ -15,12 +15,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from stackbuild.effects import aio
 from stackbuild.errors import EXIT_INFRA, InfraError, InputError, StackbuildError
 from stackbuild.gate.result import GateResult
+from stackbuild.host import gateway
 from stackbuild.host.converge import Converger, HostStatus, rollback, status
 from stackbuild.host.deploy import deploy, recover
 from stackbuild.host.dryrun import DryRunRemote
@@ -337,11 +338,27 @@ def read_status(host_text: str, ssh: SshOptions, *, service: str | None, state_d
                 reach: Reach | None = None) -> tuple[HostAddress, HostStatus]:
     """`stackbuild status --host`: what the host runs (the only service it has state for when none is named)."""
     address = parse_host(host_text)
-    remote = (reach or Reach()).connect(address, ssh)
+    reach = reach or Reach()
+    remote = reach.connect(address, ssh)
     try:
-        return address, status(remote, HostPaths(state_dir, service or only_service(remote, state_dir)))
+        st = status(remote, HostPaths(state_dir, service or only_service(remote, state_dir)))
+        lines = [ln for rec in gateway.records(remote, state_dir)
+                 for ln in gateway_lines(reach, remote, Endpoint(remote, address, None), rec)]
+        return address, replace(st, gateways=tuple(lines))
     finally:
         remote.close()
+
+
+def gateway_lines(reach: Reach, remote: Remote, endpoint: Endpoint, rec: gateway.GatewayRecord,
+                  names: dict[str, str] | None = None) -> list[str]:
+    """What a gateway on a host says of its workers (GET /workers), in lines for `status`."""
+    head = f"  gateway {rec.service} on port {rec.port} ({rec.image.rsplit('@', 1)[-1][:19]})"
+    try:
+        with endpoint(rec.port) as url:
+            workers = reach.gateway_api(remote, url).workers()
+    except StackbuildError as err:
+        return [f"{head}: NOT answering ({str(err).splitlines()[0][:160]})"]
+    return [f"{head}: {len(workers)} worker(s)", *gateway.describe(workers, names)]
 
 
 def run_rollback(host_text: str, ssh: SshOptions, *, service: str | None, state_dir: str, timeout_s: float,
