@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers_deploy import PATHS, REPO, sim_stack, with_incumbent
+from helpers_deploy import PATHS, REPO, run, sim_stack, state, with_incumbent
 from helpers_fleet import GATEWAY_SPEC, GW_IMAGE, FakeReach, gateway_on
+from test_gateway_deploy_unit import behind_gateway
 
 from stackbuild.host import gateway
 from stackbuild.host.fake import SERVES, FakeHost
@@ -118,3 +119,19 @@ def test_a_swaps_outage_is_estimated_from_the_ledgers_load_times(tmp_path: Path)
     assert swap_outage(ledger, stack) == (
         "swap: the incumbent stops before the candidate starts, so clients get no answer until it serves: about "
         "3.0s (the median of 2 load(s) of sim in the ledger, the longest 3.4s)")
+
+
+def test_a_gateway_whose_port_another_process_holds_is_not_started_and_the_deploy_is_refused() -> None:
+    host = gateway_host()
+    host.strangers.add(GATEWAY_SPEC.port)
+    _, link = behind_gateway(host)
+    before = state_of(host)
+    rep = run(host, "side-by-side", gateway=link)
+    assert (rep.outcome, rep.exit_code) == ("refused", 4)
+    assert rep.cause == ("fake@127.0.0.1: cannot run the gateway there: port 31080 (gateway.port) is in use by "
+                         "another process: free it or change gateway.port")
+    assert UNIT not in host.running and GP.unit_path(UNIT) not in host.files and state_of(host) == before
+
+
+def state_of(host: FakeHost) -> tuple[object, ...]:
+    return state(host), dict(host.running)

@@ -105,6 +105,8 @@ def ensure(remote: Remote, stack: Stack, image: str, workers: list[str], *, pull
     gw = _spec(stack)
     gp, unit = gateway_paths(stack), unit_name(gw)
     with HostLock(remote, gp, me(f"gateway {gw.service}", pull_timeout_s + 600)):
+        if failed := [c.detail for c in checks(remote, stack) if not c.ok]:
+            raise InfraError(f"{remote.address}: cannot run the gateway there: {'; '.join(failed)}")
         pulled = units.ensure_image(remote, image, pull_timeout_s)
         if not units.existing(remote, pool_file(gw)):
             edit_pool(remote, gw, workers, [])
