@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from helpers_deploy import (
     CAND_UNIT,
@@ -24,11 +25,12 @@ from helpers_deploy import (
     run,
     services,
     sim_stack,
+    snapshot,
     state,
     steps,
     with_incumbent,
 )
-from helpers_fleet import GATEWAY_SPEC, GW_IMAGE, gateway_on
+from helpers_fleet import GATEWAY_SPEC, GW_IMAGE, FakeReach, gateway_on
 from test_converge_unit import conv
 
 from stackbuild.effects.gateway_fake import FakeGateway
@@ -38,6 +40,8 @@ from stackbuild.host.dryrun import DryRunRemote
 from stackbuild.host.fake import SERVES, Client, FakeHost
 from stackbuild.host.gateway import edit_pool, ensure
 from stackbuild.host.pool import GatewayLink
+from stackbuild.host.session import DeployArgs, run_deploy
+from stackbuild.host.ssh import SshOptions
 from stackbuild.render.gateway import pool_file, pool_urls
 from stackbuild.spec.stack import Stack
 
@@ -199,3 +203,25 @@ def test_a_dry_run_says_the_gateway_steps_and_the_swap_outage() -> None:
 
 def gw_url() -> str:
     return f"http://127.0.0.1:{GATEWAY_SPEC.port}"
+
+
+def test_deploy_dry_run_of_a_swap_behind_the_gateway_plans_the_drain_and_the_ledgers_outage(tmp_path: Path) -> None:
+    """`stackbuild deploy STACK --host H --strategy swap --dry-run` (run_deploy, as the CLI calls it)."""
+    host = with_incumbent()
+    host.registry.add(GW_IMAGE)
+    host.servers[GW_IMAGE] = SERVES
+    lines: list[str] = []
+    reach = FakeReach({"127.0.0.1": host}, gw=gateway_on(host, lambda _: host))
+    args = DeployArgs(stack=sim_stack(), ssh=SshOptions(), host_text="root@127.0.0.1", strategy="swap",
+                      image=CANDIDATE, gateway_image=GW_IMAGE, ledger=tmp_path / "ledger.db", root=tmp_path,
+                      tunnel=False, dry_run=True, reach=reach)
+    before = snapshot(host)
+    assert run_deploy(args, echo=lines.append) == 0
+    assert snapshot(host) == before  # a plan: nothing changed
+    plan = [ln for ln in lines if ln.startswith(("would drain", "would stop", "swap:", "would add"))]
+    assert plan == [f"would drain {U_MAIN} out of the gateway {gw_url()}", f"would stop the incumbent {MAIN}",
+                    "swap: the incumbent stops before the candidate starts, so clients get no answer until it "
+                    "serves; the ledger has no load time of sim yet: the outage lasts as long as the candidate "
+                    "takes to load, at most 120s (runtime.start_timeout_s + ready_timeout_s)"]
+    # the gateway's unit: what would be done to it is printed, not done (its pool file seeded, say)
+    assert any(ln.startswith("would run: ") and pool_file(GATEWAY_SPEC) in ln for ln in lines)
