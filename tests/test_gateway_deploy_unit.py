@@ -30,7 +30,7 @@ from helpers_deploy import (
     steps,
     with_incumbent,
 )
-from helpers_fleet import GATEWAY_SPEC, GW_IMAGE, FakeReach, gateway_on
+from helpers_fleet import GATEWAY_SPEC, GW_IMAGE, FakeReach, gateway_on, look
 from test_converge_unit import conv
 
 from stackbuild.effects.gateway_fake import FakeGateway
@@ -40,7 +40,7 @@ from stackbuild.host.dryrun import DryRunRemote
 from stackbuild.host.fake import SERVES, Client, FakeHost
 from stackbuild.host.gateway import edit_pool, ensure
 from stackbuild.host.pool import GatewayLink
-from stackbuild.host.session import DeployArgs, run_deploy
+from stackbuild.host.session import DeployArgs, run_deploy, run_rollback
 from stackbuild.host.ssh import SshOptions
 from stackbuild.render.gateway import pool_file, pool_urls
 from stackbuild.spec.stack import Stack
@@ -225,3 +225,22 @@ def test_deploy_dry_run_of_a_swap_behind_the_gateway_plans_the_drain_and_the_led
                     "takes to load, at most 120s (runtime.start_timeout_s + ready_timeout_s)"]
     # the gateway's unit: what would be done to it is printed, not done (its pool file seeded, say)
     assert any(ln.startswith("would run: ") and pool_file(GATEWAY_SPEC) in ln for ln in lines)
+
+
+def test_rollback_with_the_stack_drains_through_its_gateway() -> None:
+    """`stackbuild rollback --host H --stack STACK`: back to the release before, behind the stack's gateway."""
+    host = with_incumbent()
+    gw, link = behind_gateway(host)
+    assert run(host, "side-by-side", gateway=link).exit_code == 0  # serves from the staging unit now
+    reach = FakeReach({"127.0.0.1": host}, gw=gw)
+    rep = run_rollback("root@127.0.0.1", SshOptions(), service=None, state_dir=PATHS.state_dir, timeout_s=60.0,
+                       tunnel=False, dry_run=False, echo=lambda _: None, reach=reach, stack=sim_stack())
+    assert (rep.outcome, rep.exit_code) == ("rolled-back", 0)
+    assert [s.name for s in rep.steps] == ["restore", "verify serving", "gateway"]
+    # back in before the other unit leaves: the pool is never empty
+    assert rep.steps[-1].detail == (f"{U_MAIN} in the gateway; "
+                                    f"{U_STAGING} drained (out of the gateway, nothing in flight)")
+    cur = look(host).current
+    assert cur is not None and (cur.image, cur.slot) == (INCUMBENT, "main") and CAND_UNIT not in host.running
+    assert pool(host, gw) == ([U_MAIN], [U_MAIN])
+    assert (gw.failed, gw.failures) == (0, [])

@@ -28,6 +28,7 @@ from stackbuild.effects.gateway_fake import FakeGateway
 from stackbuild.gate.result import GateResult
 from stackbuild.host import units
 from stackbuild.host.fake import FakeHost, Killed
+from stackbuild.host.gateway import POOL_SCRIPT
 from stackbuild.host.state import ACQUIRE_SCRIPT
 from stackbuild.render.gateway import pool_file, pool_urls
 from stackbuild.spec.stack import Stack
@@ -198,6 +199,31 @@ def test_a_rollout_killed_once_a_host_is_drained_puts_it_back_first_when_run_aga
     assert h1[0] == "add http://h1:31000" and h1.index("add http://h1:31000") < h1.index(f"h1 stop {MAIN}")
     assert pool(fakes, again) == ([f"{URL[h]}:31000" for h in fakes],) * 2
     assert (gw.failed, again.failed) == (0, 0)
+
+
+def test_a_rollout_killed_mid_drain_leaves_the_pool_file_without_the_host_and_the_rerun_puts_it_back(
+        tmp_path: Path) -> None:
+    fakes = fake_fleet()
+    gw = fleet_gateway(fakes)
+    timeline, client = traced(fakes, gw)
+    stack = fleet_stack("side-by-side")
+
+    def die(address: str, argv: list[str]) -> bool:  # h1's drain began: out of the pool file, not yet the pool
+        return address == "root@h0" and argv[:3] == ["sh", "-c", POOL_SCRIPT] and argv[-1] == "-http://h1:31000"
+
+    with pytest.raises(Killed):
+        rollout(fakes, stack, tmp_path, gates(fakes, timeline), die_before=client, die_after=die, gw=gw)
+    revive(fakes)
+    routed, named = pool(fakes, gw)
+    # the canary took over on its staging port; h1 still routed to, but a restart would start without it
+    assert (routed, named) == (["http://127.0.0.1:31001", "http://h1:31000", "http://h2:31000"],
+                               ["http://127.0.0.1:31001", "http://h2:31000"])
+    timeline2, client2 = traced(fakes, gw)
+    run = rollout(fakes, stack, tmp_path, gates(fakes, timeline2), die_before=client2, gw=gw)
+    assert run.code == 0, "\n".join(run.out)
+    assert of(timeline2, "h1")[0] == "add http://h1:31000"  # the gateway's pool file names it again first
+    assert pool(fakes, gw) == ([f"{URL[h]}:31001" for h in fakes],) * 2
+    assert (gw.failed, gw.failures) == (0, [])
 
 
 def test_a_wave_taken_back_is_drained_before_each_host_stops(tmp_path: Path) -> None:

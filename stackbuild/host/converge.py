@@ -87,13 +87,14 @@ def converger_for(
 def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converger) -> HostState:
     rep = conv.report
     staged: str | None = None
-    cur, slot, link = state.current, state.slot, conv.link
+    # a dry run prints the host's commands; it sends the gateway nothing
+    cur, slot, link = state.current, state.slot, None if remote.dry_run else conv.link
     # Behind a gateway the release comes back (and joins) before the service's other unit leaves, so
     # the pool is never empty (a rollback across units drops nothing); without one, the other unit
     # goes first, freeing its port and its GPUs.
     spare_first = link is None or cur is None
     with rep.step("restore") as st:
-        said = _remove_spare(remote, paths, conv, other(slot)) if spare_first else []
+        said = _remove_spare(remote, paths, link, other(slot)) if spare_first else []
         units.remove(remote, paths.switch_unit, *paths.switch_paths)  # a switch whose client died
         # before the incumbent (re)starts: it reads the file it ran with, not the candidate's values
         secrets.restore(remote, paths)
@@ -101,7 +102,7 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
         if cur is None:
             conv.outage_end()
             if link is not None:
-                said.append(_leave(conv, link.ports[slot]))
+                said.append(_leave(link, link.ports[slot]))
             units.remove(remote, unit, *paths.files_of(slot))
             st.detail = "no incumbent: candidate removed, nothing else was running"
         else:
@@ -115,7 +116,7 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
                     st.detail += f"; enabled it (it was {boot.enabled or 'not enabled'}: no start on boot)"
             else:
                 if link is not None and boot.active == "active":  # what runs there now drains first
-                    said.append(_leave(conv, cur.port))
+                    said.append(_leave(link, cur.port))
                 # runs from the /run override until verified and committed, as a candidate does
                 conv.outage_begin()
                 units.stop(remote, unit)
@@ -149,26 +150,24 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
         write_state(remote, paths, restored)
     if cur is not None and link is not None:
         with rep.step("gateway") as st:  # serving again: back into the gateway (a no-op when it never left)
-            said = [] if remote.dry_run else [link.join(cur.port)]
-            said += _remove_spare(remote, paths, conv, other(slot))
+            said = [link.join(cur.port), *_remove_spare(remote, paths, link, other(slot))]
             st.detail = "; ".join(s for s in said if s)
     return restored
 
 
-def _remove_spare(remote: Remote, paths: HostPaths, conv: Converger, spare: Slot) -> list[str]:
+def _remove_spare(remote: Remote, paths: HostPaths, link: GatewayLink | None, spare: Slot) -> list[str]:
     """The service's other unit (a candidate, or the release a rollback replaces) out of the gateway, stopped
     and gone from every place its file may be."""
-    said = [_leave(conv, conv.link.ports[spare])] if conv.link is not None else []
+    said = [_leave(link, link.ports[spare])] if link is not None else []
     units.remove(remote, paths.unit_of(spare), *paths.files_of(spare))
     return said
 
 
-def _leave(conv: Converger, port: int) -> str:
+def _leave(link: GatewayLink, port: int) -> str:
     """Drain what runs on `port` out of the gateway before a restore stops it; a gateway that does not
     answer (or a drain that does not end) does not keep the incumbent from coming back."""
-    assert conv.link is not None
     try:
-        d = conv.link.leave(port)
+        d = link.leave(port)
     except InfraError as err:
         return f"not drained from the gateway ({str(err).splitlines()[0][:160]})"
     return "" if d.detail.startswith("not in the gateway") else f"{d.url} drained ({d.detail})"

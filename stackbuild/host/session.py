@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -363,19 +363,25 @@ def gateway_lines(reach: Reach, remote: Remote, endpoint: Endpoint, rec: gateway
 
 def run_rollback(host_text: str, ssh: SshOptions, *, service: str | None, state_dir: str, timeout_s: float,
                  tunnel: bool | None, dry_run: bool, echo: Callable[[str], None] = print,
-                 reach: Reach | None = None) -> DeployReport:
+                 reach: Reach | None = None, stack: Stack | None = None) -> DeployReport:
     """`stackbuild rollback`: the previous release made current again, verified serving within
-    `timeout_s`, under the host lock (converge.rollback)."""
+    `timeout_s`, under the host lock (converge.rollback). `stack` (`--stack`): its gateway, if it has
+    one, drains what stops and takes the restored release back in."""
     reach = reach or Reach()
     address = parse_host(host_text)
     real = reach.connect(address, ssh)
     remote: Remote = DryRunRemote(str(address), reader=real, echo=echo) if dry_run else real
+    endpoint = Endpoint(remote, address, tunnel)
     try:
         paths = HostPaths(state_dir, service or only_service(real, state_dir))
         rep = DeployReport(host=str(address), service=paths.service, stack="-", image="-", strategy="rollback")
-        conv = Converger(endpoint=Endpoint(remote, address, tunnel), report=rep, start_timeout_s=timeout_s,
+        conv = Converger(endpoint=endpoint, report=rep, start_timeout_s=timeout_s,
                          ready_timeout_s=timeout_s, http_probe=reach.http_probe(real), pace=reach.pace(real))
-        rollback(remote, paths, conv)
+        at = gateway_target(stack, {h.name: h.target for h in stack.host.hosts}, host_text) if stack else host_text
+        with (gateway_link(reach, ssh, tunnel, stack, gateway_at=at, server_at=host_text, server=remote,
+                           endpoint=endpoint) if stack else nullcontext()) as link:
+            conv.link = link
+            rollback(remote, paths, conv)
     finally:
         remote.close()
     return rep
