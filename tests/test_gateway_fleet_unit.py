@@ -241,3 +241,16 @@ def test_a_wave_taken_back_is_drained_before_each_host_stops(tmp_path: Path) -> 
                         f"{host} commit {MAIN}", "add " + port, "remove " + spare]
         assert state(fakes[host]).current.image == INCUMBENT  # type: ignore[union-attr]
     assert (gw.failed, gw.failures) == (0, [])
+
+
+def test_a_gateway_port_another_process_holds_refuses_the_rollout_before_any_server_changes(tmp_path: Path) -> None:
+    fakes = fake_fleet()
+    fakes["h0"].strangers.add(GATEWAY_SPEC.port)
+    gw = fleet_gateway(fakes)
+    timeline, client = traced(fakes, gw)
+    run = rollout(fakes, fleet_stack("swap"), tmp_path, gates(fakes, timeline), die_before=client, gw=gw)
+    assert run.code == 4
+    assert ("fleet: refused: gateway: root@h0: cannot run the gateway there: port 31080 (gateway.port) is in use by "
+            "another process: free it or change gateway.port; no server was changed") in run.out
+    assert [state(f).current.image for f in fakes.values()] == [INCUMBENT] * 3  # type: ignore[union-attr]
+    assert not [e for e in timeline if " stop " in e or " start " in e]

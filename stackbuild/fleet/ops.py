@@ -22,7 +22,7 @@ from stackbuild.fleet.plan import host_class, spread
 from stackbuild.fleet.rollout import DeployResult, HostView, each
 from stackbuild.fleet.soak import Sample, SoakResult, parse_counters, soak
 from stackbuild.gate.result import GateResult
-from stackbuild.host import converge, gateway, units
+from stackbuild.host import converge, units
 from stackbuild.host.deploy_steps import deploy_ports, place, slot_port
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.pool import GatewayLink
@@ -32,8 +32,10 @@ from stackbuild.host.session import Endpoint, RunOptions, deploy_args, run_deplo
 from stackbuild.host.ssh import Remote, parse_host
 from stackbuild.host.state import HostPaths, read_state
 from stackbuild.host.unit_probe import unit_state
+from stackbuild.render.gateway import worker_url
 from stackbuild.render.stack import render_unit
 from stackbuild.spec.fleet import FleetHost
+from stackbuild.spec.gateway_check import hostname
 from stackbuild.spec.stack import Stack
 
 
@@ -103,11 +105,11 @@ class RealOps:
                                                        first)
 
     @contextmanager
-    def link(self, host: str, r: Remote, image: str | None = None) -> Iterator[GatewayLink | None]:
+    def link(self, host: str, r: Remote) -> Iterator[GatewayLink | None]:
         """The gateway in front of `host` (connected: `r`), for as long as the block runs."""
         with gateway_link(self.run.reach, self.run.ssh, self.run.tunnel, self.stack_of(host),
                           gateway_at=self.gateway_at, server_at=self.hosts[host].target, server=r,
-                          endpoint=self.endpoint(host, r), image=image, pull_timeout_s=self.pull_timeout_s) as link:
+                          endpoint=self.endpoint(host, r)) as link:
             yield link
 
     def serving_port(self, host: str, r: Remote) -> int | None:
@@ -168,16 +170,13 @@ class RealOps:
         at = next((n for n, h in self.hosts.items() if same_host(h.target, self.gateway_at)), None)
         serving = each(list(self.hosts), self._serving_url, 4)  # a gateway started anew starts with them
         first = sorted(u for u in serving.values() if isinstance(u, str))
-        with self._connect(self.gateway_at) as r:
-            failed = [c for c in gateway.checks(r, self.run.stack) if not c.ok]
-            if failed:
-                return f"preflight of {self.gateway_at}: " + "; ".join(c.detail for c in failed)
-            with gateway_link(self.run.reach, self.run.ssh, self.run.tunnel, self.run.stack,
-                              gateway_at=self.gateway_at, server_at=self.gateway_at, server=r,
-                              endpoint=Endpoint(r, parse_host(self.gateway_at), self.run.tunnel),
-                              image=self.run.gateway_image, pull_timeout_s=self.pull_timeout_s) as link:
-                assert link is not None
-                said = link.bring_up(None, pool=first)
+        # its ports are checked first (host/gateway.py ensure)
+        with self._connect(self.gateway_at) as r, gateway_link(
+                self.run.reach, self.run.ssh, self.run.tunnel, self.run.stack, gateway_at=self.gateway_at,
+                server_at=self.gateway_at, server=r, endpoint=Endpoint(r, parse_host(self.gateway_at), self.run.tunnel),
+                image=self.run.gateway_image, pull_timeout_s=self.pull_timeout_s) as link:
+            assert link is not None
+            said = link.bring_up(None, pool=first)
         self.say(at or "gateway", [f"gateway: {said}"])
         # every host serving its committed release is in the pool: one a killed run drained goes back
         back = each(list(self.hosts), self._rejoin, 4)
@@ -185,9 +184,9 @@ class RealOps:
         return "; ".join(f"{h}: not put back into the gateway ({why})" for h, why in bad.items()) or None
 
     def _serving_url(self, host: str) -> str | None:
-        with self.remote(host) as r, self.link(host, r) as link:
+        with self.remote(host) as r:
             port = self.serving_port(host, r)
-            return link.worker_url(port) if link is not None and port is not None else None
+        return None if port is None else worker_url(self.hosts[host].target, port, hostname(self.gateway_at))
 
     def _rejoin(self, host: str) -> str | None:
         with self.remote(host) as r, self.link(host, r) as link:
