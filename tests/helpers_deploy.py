@@ -196,15 +196,21 @@ def reboot_serves(host: FakeHost, port: int = PORT) -> str | None:
 
 def assert_boots_what_the_state_names(host: FakeHost) -> None:
     """The boot invariant: after a power cycle the host serves the release its state file names
-    (nothing when it names none), from the committed unit in /etc, with nothing left in /run."""
+    (nothing when it names none), from its committed unit in /etc (the main unit, or the staging
+    unit a promotion through the gateway left it on), on its port, with nothing left in /run and
+    none of the service's other units enabled or running (a gateway unit is another service)."""
     cur = state(host).current
-    assert reboot_serves(host) == (cur.image if cur else None)
+    assert reboot_serves(host, cur.port if cur else PORT) == (cur.image if cur else None)
     assert not [f for f in host.files if f.startswith("/run/")]
+    ours = {u: p for u, p in host.enabled.items() if u.startswith(SVC)}
     if cur is not None:
-        assert host.fragments[MAIN] == PATHS.main_path and host.enabled == {MAIN: PATHS.main_path}
-        assert host.files[PATHS.main_path] == cur.unit
+        unit = PATHS.unit_of(cur.slot)
+        path = PATHS.unit_path(unit)
+        assert host.fragments[unit] == path and ours == {unit: path}
+        assert host.files[path] == cur.unit
+        assert [u for u in host.running if u.startswith(SVC)] == [unit]
     else:
-        assert MAIN not in host.enabled
+        assert not ours
 
 
 def owners_masked(commands: list[list[str]]) -> list[list[str]]:

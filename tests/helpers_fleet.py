@@ -15,41 +15,90 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helpers_deploy import CANDIDATE, FakeGate, sim_stack, state, with_incumbent
+from helpers_deploy import CANDIDATE, REPO, FakeGate, sim_stack, state, with_incumbent
 
+from stackbuild.effects.gateway import Gateway
+from stackbuild.effects.gateway_fake import FakeGateway
 from stackbuild.effects.readiness import Pace, Probe
 from stackbuild.errors import InfraError
 from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.rollout import DeployResult, HostView
 from stackbuild.fleet.session import FleetArgs, run_fleet
-from stackbuild.host.fake import Client, FakeHost
+from stackbuild.host.fake import SERVES, Client, FakeHost
 from stackbuild.host.request import GateFn
 from stackbuild.host.session import Reach, RunOptions
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions
 from stackbuild.host.state import HostState
+from stackbuild.render.gateway import pool_file, pool_urls
 from stackbuild.spec.fleet import Fleet, FleetHost
+from stackbuild.spec.gateway import Gateway as GatewaySpec
 from stackbuild.spec.stack import Stack
+
+GW_IMAGE = f"{REPO}@sha256:" + "9" * 64  # the gateway's image, as if built and pushed
+_GATEWAY = sim_stack().gateway
+assert _GATEWAY is not None
+GATEWAY_SPEC: GatewaySpec = _GATEWAY
 
 
 def fleet_stack(strategy: str, n: int = 3, waves: tuple[int | str, ...] = (1, 2, "100%"),
-                soak_s: float = 0.0) -> Stack:
-    """The shipped sim stack with a fleet of `n` hosts h0.. (waves: canary h0, then h1, then the rest)."""
+                soak_s: float = 0.0, *, gateway: bool = True) -> Stack:
+    """The shipped sim stack with a fleet of `n` hosts h0.. (waves: canary h0, then h1, then the rest),
+    behind its gateway (on h0) unless `gateway` is false (clients on each host's port)."""
     stack = sim_stack()
     host = stack.host.model_copy(update={
         "strategy": strategy, "channel": None, "hosts": tuple(FleetHost(name=f"h{i}") for i in range(n)),
         "fleet": Fleet(waves=waves, soak_s=soak_s, soak_interval_s=1.0)})
-    return stack.model_copy(update={"host": host})
+    return stack.model_copy(update={"host": host, **({} if gateway else {"gateway": None})})
 
 
 def fake_fleet(n: int = 3) -> dict[str, FakeHost]:
-    """One FakeHost per name, each with the incumbent promoted and serving, sharing one client."""
+    """One FakeHost per name, each with the incumbent promoted and serving, sharing one client; each
+    can pull and run the gateway image (h0 runs it: the first host, the sim stack names none)."""
     hosts = {}
     client = Client()
     for i in range(n):
         h = with_incumbent()
         h.address, h.client = f"root@h{i}", client
+        h.registry.add(GW_IMAGE)
+        h.servers[GW_IMAGE] = SERVES
         hosts[f"h{i}"] = h
     return hosts
+
+
+def fleet_gateway(fakes: dict[str, FakeHost], request_s: float = 2.0) -> FakeGateway:
+    """The gateway in front of the fake fleet, its unit on h0 (h0 is 127.0.0.1 to it)."""
+    return gateway_on(fakes["h0"], lambda host: fakes["h0" if host == "127.0.0.1" else host], request_s)
+
+
+def gateway_on(host: FakeHost, host_of: Callable[[str], FakeHost], request_s: float = 2.0) -> FakeGateway:
+    """The gateway whose unit runs on `host`, on that host's clock: it answers while its unit runs there,
+    starts routing to what its pool file names, and a worker answers while the host `host_of` its URL's
+    host name serves the URL's port."""
+    gw = GATEWAY_SPEC
+
+    def serves(url: str) -> bool:
+        name, port = url.removeprefix("http://").rsplit(":", 1)
+        return host_of(name).serving(int(port)) is not None
+
+    started: list[FakeGateway] = []
+
+    def up() -> bool:
+        if host.serving(gw.port) is None:
+            return False
+        if not started:
+            started.append(fake.start(*pool_urls(host.files.get(pool_file(gw)))))
+        return True
+
+    fake = FakeGateway(host.pace(0.2), url=f"http://127.0.0.1:{gw.port}", request_s=request_s, serves=serves, up=up)
+    return fake
+
+
+def sending(gw: FakeGateway) -> Callable[[str, list[str]], bool]:
+    """A client of the gateway sending one request on every command any host is sent (Client.die_before)."""
+    def send(_address: str, _argv: list[str]) -> bool:
+        gw.send()
+        return False
+    return send
 
 
 def revive(fakes: dict[str, FakeHost]) -> None:
@@ -71,6 +120,22 @@ def look(f: FakeHost) -> HostState:
     return state(f)
 
 
+class FakeConn:
+    """One connection to a fake host: the host's own commands, closed on its own, so connections that
+    threads hold at once to one host (the gateway's, say) do not close each other."""
+
+    def __init__(self, host: FakeHost, on_close: Callable[[], None]) -> None:
+        self.host, self._on_close, self._closed = host, on_close, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.host, name)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._on_close()
+
+
 @dataclass
 class FakeReach(Reach):
     """The fake hosts by name: connecting to one hands out the host itself (a fresh connection to
@@ -80,14 +145,30 @@ class FakeReach(Reach):
     fakes: dict[str, FakeHost]
     gates: dict[str, Callable[..., Any]] = field(default_factory=dict)  # name -> its gate (default: FakeGate)
     down: set[str] = field(default_factory=set)
+    gw: FakeGateway | None = None  # the gateway in front of them (default: fleet_gateway)
+
+    def __post_init__(self) -> None:
+        if self.gw is None and "h0" in self.fakes:
+            self.gw = fleet_gateway(self.fakes)
+
+    _open: dict[str, int] = field(default_factory=dict)  # connections open to each host
 
     def _fake(self, remote: Remote) -> tuple[str, FakeHost]:
-        return next((n, f) for n, f in self.fakes.items() if f is remote)
+        host = remote.host if isinstance(remote, FakeConn) else remote
+        return next((n, f) for n, f in self.fakes.items() if f is host)
 
     def connect(self, address: HostAddress, opts: SshOptions) -> Remote:
         if address.host in self.down or address.host not in self.fakes:
             raise InfraError(f"cannot connect to {address} over SSH: Connection refused")
-        return self.fakes[address.host].reconnect()
+        name = address.host
+        self._open[name] = self._open.get(name, 0) + 1
+        self.fakes[name].reconnect()
+        return FakeConn(self.fakes[name], lambda: self._closed(name))
+
+    def _closed(self, name: str) -> None:
+        self._open[name] -= 1
+        if not self._open[name]:  # the last one open: the host's connection goes (what tests look at)
+            self.fakes[name].close()
 
     def http_probe(self, remote: Remote) -> Callable[[str], Probe]:
         return self._fake(remote)[1].http_probe
@@ -102,6 +183,14 @@ class FakeReach(Reach):
     def watch(self, remote: Remote, url: str) -> tuple[int | None, str]:
         healthy, _ = self._fake(remote)[1].http_probe(url).health()
         return (200 if healthy else 503), ""
+
+    def gateway_api(self, remote: Remote, url: str) -> Gateway:
+        assert self.gw is not None and url == self.gw.url, f"no fake gateway at {url}"
+        return self.gw
+
+    def in_flight(self, remote: Remote, base_url: str, worker: str) -> float | None:
+        assert self.gw is not None
+        return self.gw.in_flight_of(worker)
 
 
 @dataclass
@@ -148,17 +237,19 @@ Kill = Callable[[str, list[str]], bool]
 
 
 def fleet_args(fakes: dict[str, FakeHost], stack: Stack, tmp: Path,
-               gates: dict[str, Callable[..., Any]] | None = None) -> FleetArgs:
+               gates: dict[str, Callable[..., Any]] | None = None, gw: FakeGateway | None = None) -> FleetArgs:
     """The command's options: the candidate by digest, the ledger under `tmp`, the fake hosts' reach
-    (their servers are reached directly: no tunnel)."""
+    (their servers are reached directly: no tunnel), the gateway's image already built."""
     return FleetArgs(stack=stack, ssh=SshOptions(), image=CANDIDATE, ledger=tmp / "ledger.db", root=tmp,
-                     tunnel=False, reach=FakeReach(fakes, dict(gates or {})))
+                     tunnel=False, reach=FakeReach(fakes, dict(gates or {}), gw=gw), gateway_image=GW_IMAGE)
 
 
 def rollout(fakes: dict[str, FakeHost], stack: Stack, tmp: Path, gates: dict[str, Callable[..., Any]] | None = None,
-            *, die_before: Kill | None = None, die_after: Kill | None = None) -> FleetRun:
+            *, die_before: Kill | None = None, die_after: Kill | None = None, gw: FakeGateway | None = None
+            ) -> FleetRun:
     """Run the fleet command once: a new process (one client for every host), killed where
-    `die_before`/`die_after` say (fake_base.Client), which raises Killed out of this call."""
+    `die_before`/`die_after` say (fake_base.Client), which raises Killed out of this call. `gw`:
+    the gateway in front of the fleet (default: a new one, as when the gateway restarted)."""
     client = Client(die_before=die_before, die_after=die_after)
     for f in fakes.values():
         f.client = client
@@ -171,7 +262,7 @@ def rollout(fakes: dict[str, FakeHost], stack: Stack, tmp: Path, gates: dict[str
         return ops
 
     try:
-        run.code = run_fleet(fleet_args(fakes, stack, tmp, gates), echo=run.out.append, make_ops=make_ops)
+        run.code = run_fleet(fleet_args(fakes, stack, tmp, gates, gw), echo=run.out.append, make_ops=make_ops)
     finally:
         _open(fakes)
     return run

@@ -1,5 +1,6 @@
 """The real gateway for tests: smg installed from the committed hash lock into a venv under pytest's
-temp dir (never the user's cache), run as a child process, and a streaming client that counts failures."""
+temp dir (never the user's cache), run as a child process; one streamed request. The streaming client that
+counts failures is stackbuild's own (gate/background.py), the demos' client."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from stackbuild.effects import proc
 from stackbuild.effects.gateway import Gateway as GatewayApi
 from stackbuild.effects.net import free_port
+from stackbuild.gate.background import BackgroundLoad
 from stackbuild.paths import shipped_dir
 from stackbuild.render.gateway import smg_argv
 from stackbuild.spec.gateway import Gateway, HealthCheck
@@ -114,54 +115,6 @@ def stream_once(url: str, max_tokens: int, timeout: float = 30.0) -> str | None:
     return None if done and tokens == max_tokens else f"ended with {tokens}/{max_tokens} token(s), done={done}"
 
 
-@dataclass
-class StreamingClient:
-    """`clients` threads each sending streaming completions through `url` back to back until stopped."""
-
-    url: str
-    clients: int = 3
-    max_tokens: int = 32
-    max_seconds: float = 120.0
-    ok: int = 0
-    failures: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _threads: list[threading.Thread] = field(default_factory=list)
-
-    def __enter__(self) -> StreamingClient:
-        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(self.clients)]
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=60)
-
-    def _loop(self) -> None:
-        t0 = time.monotonic()
-        while not self._stop.is_set() and time.monotonic() - t0 < self.max_seconds:
-            problem = stream_once(self.url, self.max_tokens)
-            with self._lock:
-                if problem is None:
-                    self.ok += 1
-                else:
-                    self.failures.append(problem)
-
-    @property
-    def sent(self) -> int:
-        with self._lock:
-            return self.ok + len(self.failures)
-
-    def wait_for(self, n: int, timeout: float = 60.0) -> None:
-        """Until `n` requests have ended (a paced checkpoint, not a sleep)."""
-        deadline = time.monotonic() + timeout
-        while self.sent < n:
-            assert time.monotonic() < deadline, f"only {self.sent} of {n} requests ended in {timeout}s"
-            time.sleep(0.05)
-
-
 def worker_api_contract(gw: GatewayApi, a: str, b: str, timeout_s: float) -> None:
     """What the fleet's logic may rely on, whichever gateway it talks to: the real one and the fake both
     pass this, starting from a pool of exactly `a`."""
@@ -174,3 +127,41 @@ def worker_api_contract(gw: GatewayApi, a: str, b: str, timeout_s: float) -> Non
     assert [w.url for w in gw.workers() if w.routable] == [b]
     assert gw.add(a, timeout_s=timeout_s).routable  # and back in
     assert sorted(w.url for w in gw.workers() if w.routable) == sorted([a, b])
+
+
+DEMO_DONE = "demo: through the gateway during the rollouts: "
+
+
+@dataclass
+class DemoRun:
+    code: int
+    out: str
+    load: BackgroundLoad | None  # the independent client, once the demo printed its gateway
+
+
+def demo_with_client(argv: list[str], cwd: Path, timeout_s: float) -> DemoRun:
+    """Run a demo; as soon as it prints `gateway: URL`, an independent client of the test's own streams
+    completions through that URL until the demo says its rollouts are over (bounded: the demo is killed
+    at `timeout_s`)."""
+    p = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    load: BackgroundLoad | None = None
+    timer = threading.Timer(timeout_s, p.kill)
+    timer.start()
+    try:
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line)
+            if load is None and line.startswith("gateway: http://"):
+                load = BackgroundLoad(line.split(" ", 1)[1].strip(), clients=1, pause_s=0.25).__enter__()
+            elif load is not None and line.startswith(DEMO_DONE):  # the rollouts are over: the host goes next
+                load.stop()
+        code = p.wait()
+    finally:
+        timer.cancel()
+        if load is not None:
+            load.stop()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return DemoRun(code, "".join(lines), load)

@@ -32,12 +32,12 @@ from stackbuild.host.state import HostState
 from stackbuild.host.unit_probe import BOOT_PROPERTIES, POLL_SCRIPT, show_argv
 
 RESTORE_SECRETS = sh_argv(secrets.RESTORE_SCRIPT, ENV, BACKUP, CAND_ENV)
-REMOVE_CAND = sh_argv(units.REMOVE_SCRIPT, CAND_UNIT, *PATHS.candidate_paths)
+REMOVE_CAND = sh_argv(units.REMOVE_SCRIPT, CAND_UNIT, *PATHS.files_of("staging"))
 REMOVE_SWITCH = sh_argv(units.REMOVE_SCRIPT, PATHS.switch_unit, *PATHS.switch_paths)
 SHOW_MAIN = show_argv(MAIN, BOOT_PROPERTIES)
 STAGED, STAGED_STATE = f"{PATHS.staging_dir}/{MAIN}", f"{PATHS.staging_dir}/state.json"
 COMMIT = sh_argv(units.COMMIT_SCRIPT, STAGED, PATHS.main_path, PATHS.override_path, MAIN, STAGED_STATE,
-                 PATHS.state_file, BACKUP, f"{BACKUP}.absent", CAND_ENV)
+                 PATHS.state_file, CAND_UNIT, PATHS.unit_path(CAND_UNIT), BACKUP, f"{BACKUP}.absent", CAND_ENV)
 
 
 def conv(host: FakeHost) -> converge.Converger:
@@ -98,7 +98,7 @@ def test_no_incumbent_removes_the_candidate_and_nothing_runs() -> None:
     restore = host.commands.index(REMOVE_CAND)
     assert host.commands[restore:restore + 6] == [
         REMOVE_CAND, REMOVE_SWITCH, RESTORE_SECRETS,
-        sh_argv(units.REMOVE_SCRIPT, MAIN, PATHS.override_path, PATHS.main_path),
+        sh_argv(units.REMOVE_SCRIPT, MAIN, *PATHS.files_of("main")),
         ["mkdir", "-p", PATHS.base], ["<put>", PATHS.state_file, "0644"]]
     assert host.enabled == {} and not [f for f in host.files if f.startswith(("/etc/systemd", "/run/"))]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import shutil
 import subprocess
@@ -9,23 +10,59 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from helpers_gateway import DemoRun, demo_with_client
 from test_deploy_support import REPO_ROOT, need_infra
+
+from stackbuild.effects.net import free_port
+from stackbuild.spec.gateway_check import LOCK_DIR
 
 pytestmark = pytest.mark.integration
 
 
+GATEWAY_SUMMARY = re.compile(r"^demo: through the gateway during the rollouts: (\d+) request\(s\) sent through "
+                             r"(http://127\.0\.0\.1:\d+), (\d+) failed", re.M)
+
+
+def _root(tmp_path: Path) -> Path:
+    """A project with the shipped sim stack and the gateway's lock; its service, gateway and ports this run's
+    own (the demo's hosts share this machine's network and docker daemon with whatever else runs)."""
+    (tmp_path / "stacks").mkdir()
+    spec = yaml.safe_load((REPO_ROOT / "stacks" / "sim.yaml").read_text())
+    tag = secrets.token_hex(3)
+    spec["host"]["service"] = f"stackbuild-sim-{tag}"
+    spec["runtime"].update(port=free_port(), staging_port=free_port())
+    spec["gateway"].update(service=f"stackbuild-gateway-{tag}", port=free_port(), metrics_port=free_port())
+    (tmp_path / "stacks" / "sim.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    # the gateway's hash lock, where the copied stack looks for it
+    locks = tmp_path / LOCK_DIR
+    locks.mkdir(parents=True)
+    for f in (REPO_ROOT / LOCK_DIR).iterdir():
+        shutil.copy(f, locks / f.name)
+    return tmp_path
+
+
+def assert_nothing_failed_through_the_gateway(run: DemoRun) -> None:
+    """The demo printed its gateway as soon as it served; an independent client streaming through it from
+    then until the demo ended saw >= 50 requests and none failed; so did the demo's own client."""
+    gw = re.search(r"^gateway: (http://127\.0\.0\.1:\d+)$", run.out, re.M)
+    assert gw is not None and run.load is not None, run.out[-3000:]
+    assert (run.load.url, run.load.failures) == (gw.group(1), []), run.out[-6000:]
+    assert run.load.failed == 0 and run.load.ok >= 50, run.load.summary()
+    own = GATEWAY_SUMMARY.search(run.out)
+    assert own is not None and own.group(2) == gw.group(1), run.out[-3000:]
+    assert int(own.group(1)) >= 50 and own.group(3) == "0", own.group(0)
+
+
 def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
     need_infra()
-    (tmp_path / "stacks").mkdir()
-    shutil.copy(REPO_ROOT / "stacks" / "sim.yaml", tmp_path / "stacks" / "sim.yaml")
+    root = _root(tmp_path)
     name = f"stackbuild-demo-test-{secrets.token_hex(3)}"
-    r = subprocess.run(
-        [sys.executable, "-m", "stackbuild", "--root", str(tmp_path), "demo", "--remove-host",
-         "--host-name", name],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-    )
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
+    run = demo_with_client([sys.executable, "-m", "stackbuild", "--root", str(root), "demo", "--remove-host",
+                            "--host-name", name], root, timeout_s=600)
+    out = run.out
+    assert run.code == 0, out[-4000:]
+    assert_nothing_failed_through_the_gateway(run)
     assert "outcome: promoted (exit 0)" in out
     assert "=== results" in out
     table = out.split("=== results", 1)[1]
@@ -38,3 +75,19 @@ def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
     assert "allowed -8%: PASS)" in table and "must not lose (margin 2%): PASS)" in table
     gone = subprocess.run(["/usr/bin/docker", "inspect", name], capture_output=True)
     assert gone.returncode != 0, "--remove-host left the host container behind"
+
+
+def test_demo_fleet_of_three_drops_no_request_through_its_gateway(tmp_path: Path) -> None:
+    """`demo --fleet 3`: a rolled-back canary, then a candidate promoted wave by wave, every host drained
+    out of the gateway before its server stops: through the gateway, nothing fails."""
+    need_infra()
+    root = _root(tmp_path)
+    run = demo_with_client([sys.executable, "-m", "stackbuild", "--root", str(root), "demo", "--fleet", "3",
+                            "--remove-host"], root, timeout_s=1200)
+    out = run.out
+    assert run.code == 0, out[-4000:]
+    assert_nothing_failed_through_the_gateway(run)
+    assert "demo: every host (3) runs the passing candidate" in out
+    # the canary of the slower candidate was rolled back, the better one promoted everywhere
+    assert re.search(r"^fleet: stop at canary: ", out, re.M) and "fleet: rollout " in out
+    assert out.count(": completed (exit 0)") == 2, out[-3000:]

@@ -48,7 +48,7 @@ GOOD = [("lock", True), ("state", True), ("preflight", True), ("pull", True), ("
 
 def release(image: str, digest: str, verdict: str = "pass") -> dict[str, object]:
     return {"image": image, "digest": digest, "stack": "sim", "variant": None, "unit": unit_text(image),
-            "port": PORT, "verdict": verdict, "at": "T"}
+            "port": PORT, "verdict": verdict, "at": "T", "slot": "main"}
 
 
 def test_first_deploy_promotes_commits_and_sends_exactly_these_commands() -> None:
@@ -101,7 +101,7 @@ def test_first_deploy_promotes_commits_and_sends_exactly_these_commands() -> Non
         # and the transaction's secrets files (the backup: the operator's file now holds what runs)
         ["<put>", staged_state, "0644"],
         sh_argv(units.COMMIT_SCRIPT, staged, unit_path, PATHS.override_path, MAIN, staged_state, PATHS.state_file,
-                BACKUP, f"{BACKUP}.absent", CAND_ENV),
+                CAND_UNIT, PATHS.unit_path(CAND_UNIT), BACKUP, f"{BACKUP}.absent", CAND_ENV),
         sh_argv(RELEASE_SCRIPT, PATHS.lock_dir, "<owner>"),
     ]
 

@@ -147,6 +147,9 @@ class FakeOps:
         self.calls.append(("preflight", host))
         return "ssh: connection refused" if host in self.unreachable else None
 
+    def gateway(self) -> str | None:
+        return None
+
     def view(self, host: str) -> HostView:
         return HostView(on_candidate=host in self.on_candidate, verdict="pass")
 

@@ -23,9 +23,13 @@ from stackbuild.spec.stack import Stack
 
 
 def ops_for(fakes: dict[str, FakeHost], stack: Stack, tmp: Path, **gates: object) -> tuple[RealOps, list[str]]:
+    """The rollout's ops, its gateway brought up on h0 first (what a rollout does before any deploy)."""
     out: list[str] = []
     args = fleet_args(fakes, stack, tmp, gates)  # type: ignore[arg-type]
-    return RealOps(run=args, hosts={h.name: h for h in stack.host.hosts}, image=CANDIDATE, echo=out.append), out
+    ops = RealOps(run=args, hosts={h.name: h for h in stack.host.hosts}, image=CANDIDATE, echo=out.append)
+    assert ops.gateway() is None, out
+    out.clear()
+    return ops, out
 
 
 def test_deploy_promotes_one_host_records_it_and_reports_its_medians(tmp_path: Path) -> None:

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers_deploy import CANDIDATE, INCUMBENT, MAIN, PATHS, assert_boots_what_the_state_names, state
+from helpers_deploy import CANDIDATE, INCUMBENT, PATHS, assert_boots_what_the_state_names, state
 from helpers_fleet import Kill, fake_fleet, fleet_stack, revive, rollout
 
 from stackbuild.gate.result import GateResult
 from stackbuild.host import units
 from stackbuild.host.fake import FakeHost, Killed
-from stackbuild.host.unit_probe import STATE_PROPERTIES, show_argv
+from stackbuild.host.state import other
 from stackbuild.results.ledger import Ledger
 
 Argv = list[str]
@@ -31,17 +31,22 @@ def _on_h1(pred: Callable[[Argv], bool]) -> Kill:
     return lambda addr, args: addr == H1 and pred(args)
 
 
-SOAK_SHOW = show_argv(MAIN, STATE_PROPERTIES)
 # step -> (kill before, kill after); "gating" kills from h1's gate
 STEPS: dict[str, tuple[Kill | None, Kill | None]] = {
     "staged": (_on_h1(lambda a: a == ["<put>", PATHS.state_file, "0644"]), None),
     "candidate started": (None, _on_h1(lambda a: a[:2] == ["systemctl", "start"])),
     "gating": (None, None),
+    # without a gateway the candidate is switched to the main unit; behind one it takes over where it runs:
+    # killed once it joined the gateway and the incumbent stopped
     "switching": (None, _on_h1(lambda a: a == ["systemctl", "start", PATHS.switch_unit])),
+    "taking over": (None, _on_h1(lambda a: a == ["systemctl", "stop", PATHS.main_unit])),
     "committed": (None, _on_h1(lambda a: a[:3] == ["sh", "-c", units.COMMIT_SCRIPT])),
-    "soaking": (_on_h1(lambda a: a == SOAK_SHOW), None),
+    "soaking": (_on_h1(lambda a: a[:2] == ["systemctl", "show"] and "NRestarts" in a), None),  # a soak sample
 }
-CASES = [(s, st) for st in ("swap", "side-by-side") for s in STEPS if st == "side-by-side" or s != "switching"]
+STRATEGIES = {"swap": (True, ()), "side-by-side": (True, ("switching",)),
+              "side-by-side, no gateway": (False, ("taking over",))}
+CASES = [(s, st) for st, (_, skip) in STRATEGIES.items() for s in STEPS
+         if s not in skip and not (st == "swap" and s in ("switching", "taking over"))]
 
 
 def _killing_gate(host: FakeHost) -> Callable[..., GateResult]:
@@ -60,7 +65,7 @@ def _ledger(tmp: Path) -> list[tuple[str, str, dict[str, str]]]:
 def test_a_rollout_killed_at_a_step_of_a_hosts_deploy_resumes_under_its_id(
         tmp_path: Path, step: str, strategy: str) -> None:
     fakes = fake_fleet()
-    stack = fleet_stack(strategy, soak_s=3.0)
+    stack = fleet_stack(strategy.split(",")[0], soak_s=3.0, gateway=STRATEGIES[strategy][0])
     before, after = STEPS[step]
     gates = {"h1": _killing_gate(fakes["h1"])} if step == "gating" else None
     with pytest.raises(Killed):
@@ -93,7 +98,8 @@ def test_a_rollout_killed_at_a_step_of_a_hosts_deploy_resumes_under_its_id(
         st = state(f)
         assert st.current is not None and st.current.image == CANDIDATE and st.pending is None, name
         assert PATHS.lock_dir not in f.dirs, name
-        assert not {*PATHS.candidate_paths, *PATHS.switch_paths, PATHS.override_path} & f.files.keys(), name
+        left = {*PATHS.files_of(other(st.slot)), *PATHS.switch_paths, *PATHS.files_of(st.slot)[:2]}
+        assert not left & f.files.keys(), name
         assert_boots_what_the_state_names(f)
 
 
@@ -112,7 +118,11 @@ def test_a_killed_rollout_whose_orphaned_candidate_holds_the_staging_port_is_con
     assert again.code == 0, "\n".join(again.out)
     assert [(r[1], r[2]) for r in _ledger(tmp_path)] == [
         ("completed", {"h0": "promoted", "h1": "promoted", "h2": "promoted"})]
-    assert fakes["h1"].serving(stack.runtime.staging_port) is None
+    # the orphan is gone: h1 serves its committed release on its port (behind the gateway, the staging
+    # port, where the new candidate took over), and nothing on the other
+    cur = state(fakes["h1"]).current
+    assert cur is not None and cur.slot == "staging" and fakes["h1"].serving(cur.port) == CANDIDATE
+    assert fakes["h1"].serving(stack.runtime.port) is None
 
 
 def test_a_refused_rollout_is_resumed_under_its_id_and_keeps_what_it_recorded(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from helpers_gateway import (
     SmgProc,
-    StreamingClient,
     install_smg,
     loopback_gateway,
     smg_running,
@@ -27,6 +26,7 @@ from helpers_gateway import (
 from stackbuild.effects import http
 from stackbuild.effects.gateway import HttpGateway, drain, worker_in_flight
 from stackbuild.effects.prometheus import parse_metrics
+from stackbuild.gate.background import BackgroundLoad
 from stackbuild.sim.process import SimProc, sim
 
 pytestmark = [pytest.mark.integration, pytest.mark.network]
@@ -112,19 +112,19 @@ def test_rollover_through_the_gateway_fails_no_request(gateway: tuple[SmgProc, H
     a, b = sims
     gw.add(b.url, timeout_s=TIMEOUT_S)
     # the newcomer starts now, outside the gateway; the client stops before any server does
-    with sim("--enable-metrics") as c, StreamingClient(p.url, clients=3, max_tokens=32) as client:
-        client.wait_for(10)
+    with sim("--enable-metrics") as c, BackgroundLoad(p.url, clients=3) as client:
+        assert client.wait_for(10, TIMEOUT_S)
         # the first server leaves: out of the pool, idle, then stopped for good
         assert drain(gw, a.url, in_flight=lambda: worker_in_flight(a.url), timeout_s=TIMEOUT_S).ok
         halt(a)
-        client.wait_for(client.sent + 10)
+        assert client.wait_for(client.sent + 10, TIMEOUT_S)
         # the new one joins, then the second leaves the same way
         gw.add(c.url, timeout_s=TIMEOUT_S)
-        client.wait_for(client.sent + 10)
+        assert client.wait_for(client.sent + 10, TIMEOUT_S)
         assert drain(gw, b.url, in_flight=lambda: worker_in_flight(b.url), timeout_s=TIMEOUT_S).ok
         halt(b)
-        client.wait_for(client.sent + 20)
+        assert client.wait_for(client.sent + 20, TIMEOUT_S)
         on_c = served(c)
-    assert client.failures == []
+    assert (client.failed, client.failures) == (0, [])
     assert client.ok >= 50
     assert on_c >= 10  # the last part of the run went through the newcomer

@@ -56,8 +56,9 @@ CASES = [
                  "[unknown-key]", id="unknown-key"),
     pytest.param("  listen: everywhere\n", "stacks/g.yaml:14:11: error: gateway.listen: not an IP address to listen "
                  "on, like 0.0.0.0 or 127.0.0.1 (got 'everywhere') [type]", id="listen"),
-    pytest.param("  host: 'gpu a'\n", "stacks/g.yaml:14:9: error: gateway.host: not a host: write a fleet host's "
-                 "name or [USER@]HOST[:PORT] (got 'gpu a') [type]", id="host"),
+    # the kind every SSH target has (spec/kinds.py SshTarget): a fleet host's name is one too
+    pytest.param("  host: 'gpu a'\n", "stacks/g.yaml:14:9: error: gateway.host: not [USER@]HOST[:PORT] (e.g. "
+                 "root@gpu1:22, or an ~/.ssh/config alias) (got 'gpu a') [type]", id="host"),
     pytest.param("  health: {endpoint: health}\n", "stacks/g.yaml:14:22: error: gateway.health.endpoint: not an HTTP "
                  "path like /health (got 'health') [type]", id="endpoint"),
     pytest.param("  health: {timeout_s: 1}\n", "stacks/g.yaml:14:23: error: gateway.health.timeout_s: sglang's "

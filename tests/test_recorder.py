@@ -97,7 +97,8 @@ def test_a_rollouts_rows_do_not_refresh_the_report_its_end_does(tmp_path: Path) 
 
 def _args(tmp_path: Path, reach: FakeReach, **kw: Any) -> DeployArgs:
     stack = sim_stack()
-    stack = stack.model_copy(update={"host": stack.host.model_copy(update={"channel": None})})  # no registry here
+    # no registry here: no channel to move, no gateway image to build (the ledger is what is tested)
+    stack = stack.model_copy(update={"host": stack.host.model_copy(update={"channel": None}), "gateway": None})
     return DeployArgs(stack=stack, ssh=SshOptions(), host_text="h0", strategy="swap", ledger=tmp_path / "l.db",
                       root=tmp_path, tunnel=False, reach=reach, **kw)
 

@@ -66,7 +66,7 @@ def _never_connect(*_: Any, **__: Any) -> Any:
 ])
 def test_deploy_checks_the_fit_before_connecting(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                                                  strategy: str, rc: int, last: str) -> None:
-    monkeypatch.setattr("stackbuild.host.session.connect", _never_connect)
+    monkeypatch.setattr("stackbuild.host.reach.connect", _never_connect)
     got, err, out = run_cli(capsys, "--root", str(ROOT), "deploy", "cuda13", "--host", "root@127.0.0.1:1",
                             "--strategy", strategy, "--dry-run")
     assert (got, err[-1], out) == (rc, last, "")

@@ -220,3 +220,72 @@ def test_hostile_values_fail_at_their_line(tmp_path: Path, path: tuple[Any, ...]
     assert needle in f.message
     line = text[f.line - 1]
     assert str(path[-1] if isinstance(path[-1], str) else path[-2]) in line or line.lstrip().startswith("-")
+
+
+# --- the gateway: its fields reach its unit (smg's argv), its Dockerfile, its pool file --------------
+
+BASE_GW: dict[str, Any] = {
+    **BASE,
+    "server": {**BASE["server"], "flags": {"--speed": 20, "--enable-metrics": True}},
+    "gateway": {"host": "gpu-a", "listen": "127.0.0.1", "service": "gw", "base_image": "local/debian:bookworm",
+                "health": {"endpoint": "/health"}},
+}
+GW_FIELDS: dict[tuple[Any, ...], str] = {
+    ("gateway", "host"): "gpu-a",
+    ("gateway", "listen"): "127.0.0.1",
+    ("gateway", "service"): "gw",
+    ("gateway", "base_image"): "local/debian:bookworm",
+    ("gateway", "health", "endpoint"): "/health",
+    ("gateway", "version"): "1.13.0",
+}
+
+
+def _check_gateway(tmp: Path, path: tuple[Any, ...], value: str) -> None:
+    from stackbuild.host.ssh import parse_host
+    from stackbuild.render.gateway import POOL_VAR, docker_argv, pool_file, render_gateway, worker_url
+
+    base = _load(tmp, _set(BASE_GW, path, GW_FIELDS[path]))
+    try:
+        stack = _load(tmp, _set(BASE_GW, path, value))
+    except SpecError as err:
+        assert err.findings and all(f.path.endswith("s.yaml") and f.line >= 1 and f.col >= 1 for f in err.findings)
+        return
+    gw = stack.gateway
+    assert gw is not None
+    # the host: an SSH target as ssh reads it, and the worker URL built on it one word with no quote
+    assert str(parse_host(gw.host or "")).split("@")[-1].split(":")[0] in (gw.host or "")
+    url = worker_url(gw.host or "", 31000, None)
+    assert re.fullmatch(r"http://[^\s\"'$`\\]+:31000", url), url
+    got, want = render_gateway(stack), render_gateway(base)
+    unit = f"units/{gw.service}.service"
+    assert set(got.files) == {"gateway/Dockerfile", "gateway/requirements.lock", unit, f"units/{gw.service}.workers"}
+    base_unit = next(text for rel, text in want.files.items() if rel.endswith(".service"))
+    entries, base_entries = unit_entries(got.files[unit]), unit_entries(base_unit)
+    assert [(s, k) for s, k, _ in entries] == [(s, k) for s, k, _ in base_entries]
+    vals = {k: v for _, k, v in entries}
+    assert vals["EnvironmentFile"] == f"-{pool_file(gw)}"
+    # every word back exactly; the one variable systemd expands is the pool's, left so on purpose
+    words = shlex.split(_specifiers(vals["ExecStart"]), posix=True)
+    live = [w for w in words if "$" in w.replace("$$", "")]
+    assert live == [f"${POOL_VAR}"], live
+    image = words[words.index(f"dev.stackbuild.unit={gw.service}") + 1]
+    assert [w.replace("$$", "$") for w in words] == docker_argv(gw, image=image, workers=[f"${POOL_VAR}"])
+    assert _specifiers(vals["Description"]) == f"stackbuild gateway for {stack.name} ({gw.service})"
+    ins, base_ins = docker_instructions(got.files["gateway/Dockerfile"]), docker_instructions(
+        want.files["gateway/Dockerfile"])
+    assert [i.split()[0] for i in ins] == [i.split()[0] for i in base_ins]
+    assert ins[0] == f"FROM {gw.base_image}"
+    labels = docker_labels(next(i for i in ins if i.startswith("LABEL")))
+    assert labels["org.opencontainers.image.base.name"] == gw.base_image
+    assert labels["dev.stackbuild.gateway"] == gw.version
+
+
+@PROPERTY
+@given(path=st.sampled_from(sorted(GW_FIELDS)), value=values)
+@example(path=("gateway", "host"), value="gpu a; touch /tmp/pwn")
+@example(path=("gateway", "service"), value="../../../../tmp/escape")
+@example(path=("gateway", "health", "endpoint"), value="/health\nExecStartPre=/bin/touch /tmp/pwn")
+@example(path=("gateway", "base_image"), value="debian:bookworm\nRUN touch /tmp/pwn")
+def test_any_gateway_value_is_rejected_located_or_renders_back(tmp_path: Path, path: tuple[Any, ...],
+                                                               value: str) -> None:
+    _check_gateway(tmp_path, path, value)

@@ -4,15 +4,20 @@ Infra (dockerd, registry, base and test-host images) -> build the sim stack
 with BuildKit and push it -> start a systemd+sshd host container on 127.0.0.1
 -> deploy the baseline (first deploy: absolute bars), then candidates that the
 gate judges against it: a better one is promoted, a slower and a crashing one
-are rolled back -> print the results table from the ledger.
+are rolled back -> print the results table from the ledger. The stack's gateway
+(smg) fronts the host: its URL is printed once the baseline serves, and the
+demo's own client streams completions through it until the end, then says how
+many it sent and how many failed.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 
 import click
 
+from stackbuild.cli.demo_gateway import client, gateway_port, on_port
 from stackbuild.errors import InfraError
 from stackbuild.host.outcome import DeployReport
 
@@ -80,26 +85,30 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str,
     reports: list[DeployReport] = []
     ssh = SshOptions(known_hosts=host.known_hosts, key_filename=str(host.key))
     codes: list[tuple[str, int]] = []
+    port = gateway_port(base)
     try:
-        for variant, what in SEQUENCE:
-            if variant not in base.variants:
-                continue
-            click.echo(f"\n=== deploy {base.name} --variant {variant}: {what}")
-            stack = load_stack("sim", root=(ctx.obj or {}).get("root"), variant=variant)
-            args = DeployArgs(
-                stack=stack,
-                host_text=host.target,
-                ssh=ssh,
-                strategy=stack.host.strategy,
-                image=image,
-                registry=registry,
-                ledger=ledger,
-                root=root,
-            )
-            codes.append((variant, run_deploy(args, echo=click.echo, reports=reports)))
+        with ExitStack() as during:
+            for variant, what in SEQUENCE:
+                if variant not in base.variants:
+                    continue
+                click.echo(f"\n=== deploy {base.name} --variant {variant}: {what}")
+                stack = on_port(load_stack("sim", root=(ctx.obj or {}).get("root"), variant=variant), port)
+                args = DeployArgs(
+                    stack=stack,
+                    host_text=host.target,
+                    ssh=ssh,
+                    strategy=stack.host.strategy,
+                    image=image,
+                    registry=registry,
+                    ledger=ledger,
+                    root=root,
+                )
+                codes.append((variant, run_deploy(args, echo=click.echo, reports=reports)))
+                if len(codes) == 1 and codes[0][1] == 0:  # the baseline serves: so does the gateway
+                    during.enter_context(client(port, click.echo))
     finally:
         if not keep_host:
-            local.stop(host, (base.host.service,))
+            local.stop(host, (base.host.service, *([base.gateway.service] if base.gateway else [])))
     click.echo("\n=== results")
     report = recorder.refresh()
     if report is None:  # not written (warned): a table of this run's deploys instead

@@ -1,14 +1,19 @@
 """`stackbuild demo --fleet N`: N local systemd+sshd hosts, the sim stack rolled out as a fleet.
 
 Baseline everywhere, then a failing candidate (stopped at the canary, the rest
-untouched), then a passing one through every wave; prints the per-host table.
+untouched), then a passing one through every wave; prints the per-host table. The
+stack's gateway (smg) runs on the first host in front of all of them: its URL is
+printed once the baseline serves everywhere, and the demo's own client streams
+completions through it during the two rollouts, then says how many failed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
+from stackbuild.cli.demo_gateway import client, gateway_port, on_port
 from stackbuild.errors import InfraError
 
 # (variant, what the demo shows with it, the exit code it must end with)
@@ -33,7 +38,7 @@ def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, regist
                    keep: bool, echo: Callable[[str], None]) -> None:
     from stackbuild.effects.net import free_port
     from stackbuild.fleet.session import FleetArgs, run_fleet
-    from stackbuild.fleet.status import latest_rollout, read_fleet, render
+    from stackbuild.fleet.status import latest_rollout, read_fleet, read_gateway, render
     from stackbuild.host import local
     from stackbuild.host.ssh import SshOptions
     from stackbuild.spec.load import load_stack
@@ -42,6 +47,9 @@ def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, regist
     hosts: list[local.LocalHost] = []
     known = ""
     codes: list[int] = []
+    base = load_stack("sim", root=root_opt)
+    port = gateway_port(base)
+    during = ExitStack()
     try:
         for i in range(n):
             h = local.start(work, name=f"stackbuild-demo-fleet-{i}")
@@ -54,22 +62,28 @@ def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, regist
         ssh = SshOptions(known_hosts=work / "fleet_known_hosts", key_filename=str(hosts[0].key))
         for variant, what, want in FLEET_SEQUENCE:
             echo(f"\n=== deploy sim{' --variant ' + variant if variant else ''} --fleet: {what}")
-            stack = load_stack("sim", root=root_opt, variant=variant)
+            stack = on_port(load_stack("sim", root=root_opt, variant=variant), port)
             code = run_fleet(FleetArgs(stack=stack, ssh=ssh, inventory=inv, image=image, registry=registry,
                                        ledger=ledger, root=root, profile_name="busy"), echo=echo)
             codes.append(code)
             if code != want:
                 raise InfraError(f"demo --fleet: the {variant or 'baseline'} rollout exited {code}, expected {want}; "
                                  "see its table above")
+            if len(codes) == 1:  # every host serves the baseline behind the gateway (on h0)
+                during.enter_context(client(port, echo))
+        during.close()
         echo("\n=== fleet status")
-        base = load_stack("sim", root=root_opt)
+        base = on_port(base, port)
         rows = read_fleet(base, ssh, None, inv)
         echo(render(rows, latest_rollout(ledger, base)))
+        for line in read_gateway(base, ssh, None, inv):
+            echo(line)
         wrong = [r.host for r in rows if r.release != "sim-eagle3-topk1-v2" or not r.active]
         if wrong:
             raise InfraError(f"demo --fleet: not on the passing candidate: {', '.join(wrong)}")
         echo(f"demo: every host ({n}) runs the passing candidate")
     finally:
+        during.close()
         if not keep:
             for i, h in enumerate(hosts):
-                local.stop(h, (f"stackbuild-sim-h{i}",))
+                local.stop(h, (f"stackbuild-sim-h{i}", *([base.gateway.service] if base.gateway and i == 0 else [])))

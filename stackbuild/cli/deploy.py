@@ -256,7 +256,12 @@ def status_cmd(
 )
 @click.option("--tunnel/--no-tunnel", default=None)
 @click.option("--dry-run", is_flag=True, help="Print every remote command; change nothing.")
+@click.option("--stack", "stack_name", metavar="STACK", default=None,
+              help="The host's stack: behind its gateway, what stops is drained first and the restored release "
+                   "put back in the pool.")
+@click.pass_context
 def rollback_cmd(
+    ctx: click.Context,
     host_text: str | None,
     accept_new_host_key: bool,
     known_hosts: Path | None,
@@ -267,25 +272,31 @@ def rollback_cmd(
     timeout_s: float,
     tunnel: bool | None,
     dry_run: bool,
+    stack_name: str | None,
 ) -> None:
     """Put the previous image back on a host, verified serving."""
     from stackbuild.host.session import run_rollback
+    from stackbuild.spec.load import load_stack
 
+    stack = load_stack(stack_name, root=(ctx.obj or {}).get("root")) if stack_name else None
     rep = run_rollback(_need_host(host_text), _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout),
                        service=service, state_dir=state_dir, timeout_s=timeout_s, tunnel=tunnel, dry_run=dry_run,
-                       echo=click.echo)
+                       echo=click.echo, stack=stack)
     click.echo(rep.render())
 
 
 def _fleet_status(ctx: click.Context, stack_name: str, ssh: Any, hosts_csv: str | None,
                   inventory: Path | None, ledger: Path | None) -> None:
-    from stackbuild.fleet.status import latest_rollout, read_fleet, render
+    from stackbuild.fleet.status import latest_rollout, read_fleet, read_gateway, render
     from stackbuild.results.ledger import default_ledger_path
     from stackbuild.spec.load import load_stack
 
     stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"))
-    rows = read_fleet(stack, ssh, [h.strip() for h in hosts_csv.split(",")] if hosts_csv else None, inventory)
+    chosen = [h.strip() for h in hosts_csv.split(",")] if hosts_csv else None
+    rows = read_fleet(stack, ssh, chosen, inventory)
     click.echo(render(rows, latest_rollout(ledger or default_ledger_path(_root(ctx)), stack)))
+    for line in read_gateway(stack, ssh, chosen, inventory):
+        click.echo(line)
     if any(r.error for r in rows):
         _exit(4)
 

@@ -57,6 +57,7 @@ class Drained:
 
 class Gateway(Protocol):
     url: str
+    pace: Pace  # what waiting on it polls at (and on which clock)
 
     def workers(self) -> list[Worker]: ...
 
@@ -103,6 +104,14 @@ def drain(
     p = pace or Pace(interval_s=0.2)
     t0 = p.clock()
     gw.remove(worker, timeout_s=timeout_s)
+    return wait_idle(worker, in_flight=in_flight, timeout_s=timeout_s, pace=p, since=t0)
+
+
+def wait_idle(worker: str, *, in_flight: Callable[[], float | None], timeout_s: float, pace: Pace,
+              since: float | None = None) -> Drained:
+    """Until `worker`, out of the gateway, reads nothing in flight on QUIET_POLLS polls in a row (bounded)."""
+    p = pace
+    t0 = p.clock() if since is None else since
     quiet, last = 0, None
     while True:
         last = in_flight()

@@ -1,18 +1,23 @@
 """The gateway in memory: the `Gateway` of effects/gateway.py, on a clock the caller's poller shares.
 
-A worker joins the pool `join_s` after `add` (smg probes it first) unless it is in
-`down` (never answers); `remove` takes it out at once and its running requests run
-on, as smg's removal with a settle of 0 does. `send()` is one client request through
-the gateway: it runs `request_s` on a routable worker (round robin), or fails when
-none is routable -- the count the fleet's gateway logic must keep at zero.
-`in_flight_of(worker)` is that worker's own count, what `drain` waits on.
+A worker joins the pool `join_s` after `add` (smg probes it first) once it answers
+(`serves(url)`; default: unless it is in `down`); `remove` takes it out at once and its
+running requests run on, as smg's removal with a settle of 0 does. `send()` is one client
+request through the gateway: it runs `request_s` on a routable worker that answers (round
+robin; smg retries a dead one elsewhere), or fails when there is none; a request whose
+worker stops answering before it ends fails too (smg does not retry a stream that has
+begun). `failed` is the count the fleet's gateway logic must keep at zero.
+`in_flight_of(worker)` is that worker's own count, what `drain` waits on. `up()` false:
+the gateway itself does not answer (its unit is not running).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stackbuild.effects.gateway import READY, Worker, norm
+from stackbuild.effects.http import NoAnswer
 from stackbuild.effects.readiness import Pace
 from stackbuild.errors import InfraError
 
@@ -40,9 +45,12 @@ class FakeGateway:
     join_s: float = 1.0
     request_s: float = 2.0
     down: set[str] = field(default_factory=set)
+    serves: Callable[[str], bool] | None = None  # does the server at this URL answer (None: all but `down`)
+    up: Callable[[], bool] = lambda: True
     calls: list[str] = field(default_factory=list)  # "add URL" | "remove URL", in order
     sent: int = 0
     failed: int = 0
+    failures: list[str] = field(default_factory=list)  # why each failed request failed
     _ready_at: dict[str, float] = field(default_factory=dict)
     _ids: dict[str, str] = field(default_factory=dict)
     _running: dict[str, list[float]] = field(default_factory=dict)  # worker -> end times
@@ -54,7 +62,15 @@ class FakeGateway:
             self._ready_at[norm(w)] = self.pace.clock()
         return self
 
+    def _answers(self, url: str) -> bool:
+        return url not in self.down and (self.serves is None or self.serves(url))
+
+    def _check_up(self) -> None:
+        if not self.up():
+            raise NoAnswer("GET", f"{self.url}/workers", "ConnectionRefusedError: refused")
+
     def workers(self) -> list[Worker]:
+        self._check_up()
         now = self.pace.clock()
         return [self._worker(u) for u, at in self._ready_at.items() if at <= now]
 
@@ -63,27 +79,42 @@ class FakeGateway:
         return Worker(wid, url, READY, True, len(self._live(url)))
 
     def add(self, worker: str, *, timeout_s: float) -> Worker:
+        self._check_up()
         url, t0 = norm(worker), self.pace.clock()
         self.calls.append(f"add {url}")
-        if url not in self._ready_at and url not in self.down:
+        if url not in self._ready_at:
             self._ready_at[url] = t0 + self.join_s
-        while url not in self._ready_at or self._ready_at[url] > self.pace.clock():
+        while self._ready_at[url] > self.pace.clock() or not self._answers(url):
             if self.pace.clock() - t0 >= timeout_s:
+                self._ready_at.pop(url)  # smg's registration job failed: not listed
                 raise InfraError(f"gateway {self.url}: {url} not ready after {timeout_s:.0f}s")
             self.pace.sleep(self.pace.interval_s)
         return self._worker(url)
 
     def remove(self, worker: str, *, timeout_s: float) -> bool:
+        self._check_up()
         url = norm(worker)
         self.calls.append(f"remove {url}")
         return self._ready_at.pop(url, None) is not None
 
+    def lost(self) -> None:
+        """Requests still running on a server that stopped answering: failed (their stream broke)."""
+        now = self.pace.clock()
+        for url, ends in self._running.items():
+            cut = [t for t in ends if t > now and not self._answers(url)]
+            for _ in cut:
+                self.failed += 1
+                self.failures.append(f"{url} stopped with the request in flight")
+            self._running[url] = [t for t in ends if t not in cut]
+
     def send(self) -> str | None:
         """One request through the gateway: the worker it runs on, or None (a failed request)."""
+        self.lost()
         self.sent += 1
-        pool = sorted(w.url for w in self.workers())
+        pool = sorted(w.url for w in self.workers() if self._answers(w.url)) if self.up() else []
         if not pool:
             self.failed += 1
+            self.failures.append("no worker to route to" if self.up() else "the gateway does not answer")
             return None
         url = pool[self._turn % len(pool)]
         self._turn += 1
@@ -95,4 +126,4 @@ class FakeGateway:
 
     def in_flight_of(self, worker: str) -> float | None:
         url = norm(worker)
-        return None if url in self.down else float(len(self._live(url)))
+        return float(len(self._live(url))) if self._answers(url) else None

@@ -16,21 +16,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from stackbuild.effects.readiness import Probe
-from stackbuild.errors import StackbuildError
+from stackbuild.errors import EXIT_INFRA, StackbuildError
 from stackbuild.fleet.inventory import host_stack
 from stackbuild.fleet.plan import host_class, spread
-from stackbuild.fleet.rollout import DeployResult, HostView
-from stackbuild.fleet.soak import Sample, parse_counters, soak
+from stackbuild.fleet.rollout import DeployResult, HostView, each
+from stackbuild.fleet.soak import Sample, SoakResult, parse_counters, soak
 from stackbuild.gate.result import GateResult
 from stackbuild.host import converge, units
+from stackbuild.host.deploy_steps import deploy_ports, place, slot_port
 from stackbuild.host.outcome import DeployReport
+from stackbuild.host.pool import GatewayLink
 from stackbuild.host.preflight import run_preflight
+from stackbuild.host.reach import gateway_link, gateway_target, same_host
 from stackbuild.host.session import Endpoint, RunOptions, deploy_args, run_deploy
 from stackbuild.host.ssh import Remote, parse_host
 from stackbuild.host.state import HostPaths, read_state
 from stackbuild.host.unit_probe import unit_state
+from stackbuild.render.gateway import worker_url
 from stackbuild.render.stack import render_unit
 from stackbuild.spec.fleet import FleetHost
+from stackbuild.spec.gateway_check import hostname
 from stackbuild.spec.stack import Stack
 
 
@@ -42,15 +47,17 @@ def preflight_on(r: Remote, hs: Stack, image: str) -> str | None:
     """The single deploy's preflight, with the same ports (ours may be held by our own incumbent)."""
     paths = paths_of(hs)
     state = read_state(r, paths)
-    active = state.current is not None and units.is_active(r, paths.main_unit)
-    pf = run_preflight(r, hs, image=image, strategy=hs.host.strategy, incumbent_active=active)
+    active = state.current is not None and units.is_active(r, paths.unit_of(state.slot))
+    pf = run_preflight(r, hs, image=image, ports=deploy_ports(place(hs, state, hs.host.strategy), active))
     return None if pf.ok else "; ".join(f"{c.name}: {c.detail}" for c in pf.failures)
 
 
 def view_on(r: Remote, hs: Stack, image: str) -> HostView:
-    st = converge.status(r, paths_of(hs))
+    paths = paths_of(hs)
+    st = converge.status(r, paths)
     cur = st.state.current
-    want = render_unit(hs, image=image, port=hs.runtime.port, name=hs.host.service)
+    slot = st.state.slot  # the candidate, committed where it ran (a side-by-side through the gateway: either unit)
+    want = render_unit(hs, image=image, port=slot_port(hs, slot), name=paths.unit_of(slot).removesuffix(".service"))
     return HostView(
         on_candidate=bool(cur and cur.image == image and cur.unit == want and st.active),
         image=cur.image if cur else None,
@@ -82,12 +89,35 @@ def sample_on(r: Remote, unit: str, health_status: int | None, probe: Probe, cou
 
 @dataclass
 class RealOps:
-    run: RunOptions  # the rollout's options (run.reach: how its hosts are reached)
+    run: RunOptions  # the rollout's options (run.reach: how its hosts are reached; run.gateway_*: its gateway)
     hosts: dict[str, FleetHost]
     image: str  # the candidate, resolved and pinned: REPO@sha256:...
     echo: Callable[[str], None] = print
     pull_timeout_s: float = 1800.0
     _out: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def gateway_at(self) -> str:
+        """Where the gateway runs: gateway.host (a host's name or an address), else host.address, else the
+        first host (the canary: its gateway unit is another service than its server)."""
+        first = next(iter(self.hosts.values())).target
+        return self.run.gateway_host or gateway_target(self.run.stack, {n: h.target for n, h in self.hosts.items()},
+                                                       first)
+
+    @contextmanager
+    def link(self, host: str, r: Remote) -> Iterator[GatewayLink | None]:
+        """The gateway in front of `host` (connected: `r`), for as long as the block runs."""
+        with gateway_link(self.run.reach, self.run.ssh, self.run.tunnel, self.stack_of(host),
+                          gateway_at=self.gateway_at, server_at=self.hosts[host].target, server=r,
+                          endpoint=self.endpoint(host, r)) as link:
+            yield link
+
+    def serving_port(self, host: str, r: Remote) -> int | None:
+        """The port `host` serves its committed release on, when it does."""
+        paths = paths_of(self.stack_of(host))
+        st = read_state(r, paths)
+        up = st.current is not None and units.is_active(r, paths.unit_of(st.slot))
+        return st.current.port if up and st.current else None
 
     def stack_of(self, host: str) -> Stack:
         hs = host_stack(self.run.stack, self.hosts[host])
@@ -96,7 +126,12 @@ class RealOps:
 
     @contextmanager
     def remote(self, host: str) -> Iterator[Remote]:
-        r = self.run.reach.connect(parse_host(self.hosts[host].target), self.run.ssh)
+        with self._connect(self.hosts[host].target) as r:
+            yield r
+
+    @contextmanager
+    def _connect(self, target: str) -> Iterator[Remote]:
+        r = self.run.reach.connect(parse_host(target), self.run.ssh)
         try:
             yield r
         finally:
@@ -129,6 +164,37 @@ class RealOps:
         with self.remote(host) as r:
             return preflight_on(r, self.stack_of(host), self.image)
 
+    def gateway(self) -> str | None:
+        if self.run.stack.gateway is None:
+            return None
+        at = next((n for n, h in self.hosts.items() if same_host(h.target, self.gateway_at)), None)
+        serving = each(list(self.hosts), self._serving_url, 4)  # a gateway started anew starts with them
+        first = sorted(u for u in serving.values() if isinstance(u, str))
+        # its ports are checked first (host/gateway.py ensure)
+        with self._connect(self.gateway_at) as r, gateway_link(
+                self.run.reach, self.run.ssh, self.run.tunnel, self.run.stack, gateway_at=self.gateway_at,
+                server_at=self.gateway_at, server=r, endpoint=Endpoint(r, parse_host(self.gateway_at), self.run.tunnel),
+                image=self.run.gateway_image, pull_timeout_s=self.pull_timeout_s) as link:
+            assert link is not None
+            said = link.bring_up(None, pool=first)
+        self.say(at or "gateway", [f"gateway: {said}"])
+        # every host serving its committed release is in the pool: one a killed run drained goes back
+        back = each(list(self.hosts), self._rejoin, 4)
+        bad = {h: str(x).splitlines()[0] for h, x in back.items() if isinstance(x, Exception)}
+        return "; ".join(f"{h}: not put back into the gateway ({why})" for h, why in bad.items()) or None
+
+    def _serving_url(self, host: str) -> str | None:
+        with self.remote(host) as r:
+            port = self.serving_port(host, r)
+        return None if port is None else worker_url(self.hosts[host].target, port, hostname(self.gateway_at))
+
+    def _rejoin(self, host: str) -> str | None:
+        with self.remote(host) as r, self.link(host, r) as link:
+            port = self.serving_port(host, r)
+            if link is None or port is None:
+                return None
+            return link.join(port)
+
     def view(self, host: str) -> HostView:
         with self.remote(host) as r:
             return view_on(r, self.stack_of(host), self.image)
@@ -139,10 +205,38 @@ class RealOps:
         return None
 
     def deploy(self, host: str) -> DeployResult:
+        """Out of the gateway (drained: bounded; one that does not empty goes back, exit 4), the host's own
+        deploy (gated directly, into the gateway again only once it passed and serves, or on its
+        incumbent when it failed), then whatever the host serves back in the pool."""
         hs = self.stack_of(host)
         lines: list[str] = []
+        if hs.gateway is not None:
+            with self.remote(host) as r, self.link(host, r) as link:
+                port = self.serving_port(host, r)
+                if link is not None and port is not None:
+                    try:
+                        lines.append(f"gateway: {link.leave_or_back(port)}")
+                    except StackbuildError as err:
+                        self.say(host, [f"gateway: {err}"])
+                        return DeployResult("refused", EXIT_INFRA, cause=str(err).splitlines()[0])
+        try:
+            return self._deploy(host, hs, lines)
+        finally:
+            if hs.gateway is not None:
+                self._rejoin_safely(host)
+
+    def _rejoin_safely(self, host: str) -> None:
+        try:
+            said = self._rejoin(host)
+        except StackbuildError as err:
+            said = f"NOT back in the gateway: {str(err).splitlines()[0]}; the next rollout puts it back"
+        if said:
+            self.say(host, [f"gateway: {said}"])
+
+    def _deploy(self, host: str, hs: Stack, lines: list[str]) -> DeployResult:
         reports: list[DeployReport] = []
-        args = deploy_args(replace(self.run, image=self.image), stack=hs, host_text=self.hosts[host].target)
+        args = deploy_args(replace(self.run, image=self.image, gateway_host=self.gateway_at, drained=True), stack=hs,
+                           host_text=self.hosts[host].target)
         try:
             code = run_deploy(args, echo=lines.append, reports=reports)
         except Exception as err:
@@ -161,20 +255,28 @@ class RealOps:
 
     def soak(self, host: str, seconds: float, interval_s: float) -> str | None:
         hs = self.stack_of(host)
-        with self.remote(host) as r, self.endpoint(host, r)(hs.runtime.port) as url:
-            probe, pace = self.run.reach.http_probe(r)(url), self.run.reach.pace(r)
-
-            def sample() -> Sample:
-                health, metrics = self.run.reach.watch(r, url)
-                return sample_on(r, paths_of(hs).main_unit, health, probe, parse_counters(metrics))
-
-            res = soak(sample, seconds, interval_s, clock=pace.clock, sleep=pace.sleep)
+        with self.remote(host) as r:
+            state = read_state(r, paths_of(hs))
+            unit = paths_of(hs).unit_of(state.slot)
+            port = state.current.port if state.current else hs.runtime.port
+            with self.endpoint(host, r)(port) as url:
+                res = self._soak(r, url, unit, seconds, interval_s)
         self.say(host, [f"soak: {'held' if res.ok else 'REGRESSED'}: {res.detail}"])
         return None if res.ok else res.detail
 
+    def _soak(self, r: Remote, url: str, unit: str, seconds: float, interval_s: float) -> SoakResult:
+        probe, pace = self.run.reach.http_probe(r)(url), self.run.reach.pace(r)
+
+        def sample() -> Sample:
+            health, metrics = self.run.reach.watch(r, url)
+            return sample_on(r, unit, health, probe, parse_counters(metrics))
+
+        return soak(sample, seconds, interval_s, clock=pace.clock, sleep=pace.sleep)
+
     def revert(self, host: str) -> str | None:
-        with self.remote(host) as r:
+        with self.remote(host) as r, self.link(host, r) as link:
             conv = self._converger(host, r, "rollback")
+            conv.link = link  # drained before it stops, back in once the incumbent serves
             converge.rollback(r, paths_of(self.stack_of(host)), conv)
         self.say(host, ["reverted to the incumbent: " + (conv.report.cause or conv.report.outcome)])
         return None

@@ -51,6 +51,9 @@ class DeployResult:
 class FleetOps(Protocol):
     def converge(self, host: str) -> str | None: ...  # what a killed run left, put back; None: done
     def preflight(self, host: str) -> str | None: ...  # None: ready; else why not
+    # the gateway in front of the fleet up to date, and every serving host in its pool (a host a killed
+    # run drained put back); None: done, or no gateway
+    def gateway(self) -> str | None: ...
     def view(self, host: str) -> HostView: ...
     def pull(self, host: str) -> str | None: ...
     def deploy(self, host: str) -> DeployResult: ...
@@ -176,6 +179,12 @@ def run_rollout(
     echo(f"fleet: preflight of {len(everyone)} host(s)")
     if names := refused("preflight", each(everyone, ops.preflight, settings.pull_parallel)):
         return stop("refused", EXIT_INFRA, f"preflight failed on {names}; no host was changed")
+    try:
+        why = ops.gateway()
+    except Exception as err:  # the rollout's refusal, not its crash
+        why = _why(err)
+    if why is not None:
+        return stop("refused", EXIT_INFRA, f"gateway: {why}; no server was changed")
 
     views = each(everyone, ops.view, settings.pull_parallel)
     done, unsettled = set(), set()

@@ -13,7 +13,7 @@ from stackbuild.fleet.inventory import check_host_flags, fleet_of, select
 from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.plan import plan_waves
 from stackbuild.fleet.rollout import FleetOps, HostRow, Prior, RolloutResult, Settings, run_rollout
-from stackbuild.host.session import RunOptions, deploy_args, gate_profile, resolve_image
+from stackbuild.host.session import RunOptions, deploy_args, gate_profile, resolve_gateway_image, resolve_image
 from stackbuild.image import registry
 from stackbuild.results.ledger import Ledger
 from stackbuild.results.recorder import Recorder
@@ -57,6 +57,7 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print, make_ops: Ma
     recorder = Recorder(args.recorder_path, note=echo)
     recorder.check()  # before a build: a bad --ledger is found in seconds
     image, digest = resolve_image(deploy_args(args, stack=args.stack, host_text=""), echo)
+    gateway_image = resolve_gateway_image(args, echo)
     with Ledger(recorder.path) as db:
         # killed (still "running"), stopped by a failed wave, or refused (a host down, a lock held)
         same = [r for r in db.rollouts() if r.stack == args.stack.label and r.digest == digest
@@ -79,7 +80,11 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print, make_ops: Ma
         "a failed wave goes back to the incumbent; hosts promoted by earlier waves stay on the candidate"))
     echo(f"fleet: soak {settings.soak_s:g}s after each wave; hosts of one class must read within "
          f"{settings.outlier_tolerance:.0%} of the canary")
-    ops = make_ops(replace(args, ledger=recorder.path), {h.name: h for h in hosts}, image, echo)
+    if args.stack.gateway is not None:
+        echo("fleet: behind the gateway: each host is drained out of it before its server stops, and put back "
+             "once it serves (the candidate only once it passed)")
+    ops = make_ops(replace(args, ledger=recorder.path, gateway_image=gateway_image), {h.name: h for h in hosts},
+                   image, echo)
     res = run_rollout(waves, ops, settings, log, echo=echo, reference=reference, prior=prior)
     if res.outcome == "completed" and args.stack.host.channel:
         registry.promote(image, channel=args.stack.host.channel)

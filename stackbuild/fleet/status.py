@@ -7,13 +7,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from stackbuild.errors import StackbuildError
 from stackbuild.fleet.inventory import fleet_of, host_stack, select
 from stackbuild.fleet.rollout import each
+from stackbuild.host import gateway
 from stackbuild.host.converge import status
-from stackbuild.host.session import Reach
+from stackbuild.host.reach import gateway_target
+from stackbuild.host.session import Endpoint, Reach, gateway_lines
 from stackbuild.host.ssh import SshOptions, parse_host
 from stackbuild.host.state import HostPaths, lock_holder
+from stackbuild.render.gateway import worker_url
 from stackbuild.results.ledger import Ledger, RolloutRecord
+from stackbuild.spec.gateway_check import hostname
 from stackbuild.spec.stack import Stack
 
 
@@ -67,6 +72,31 @@ def read_fleet(stack: Stack, ssh: SshOptions, hosts: list[str] | None, inventory
         else:
             rows.append(r)
     return rows
+
+
+def read_gateway(stack: Stack, ssh: SshOptions, hosts: list[str] | None, inventory: Path | None,
+                 reach: Reach | None = None) -> list[str]:
+    """`status --fleet`: the fleet's gateway and what it says of each worker (GET /workers), the host each is."""
+    gw = stack.gateway
+    if gw is None:
+        return []
+    declared, _ = fleet_of(stack, inventory)
+    chosen = select(declared, hosts, str(stack.source))
+    at = gateway_target(stack, {h.name: h.target for h in chosen}, chosen[0].target)
+    names = {worker_url(h.target, port, hostname(at)): h.name for h in chosen
+             for port in (host_stack(stack, h).runtime.port, host_stack(stack, h).runtime.staging_port)}
+    reach = reach or Reach()
+    try:
+        r = reach.connect(parse_host(at), ssh)
+    except StackbuildError as err:
+        return [f"  gateway {gw.service} on {at}: UNREACHABLE ({str(err).splitlines()[0][:160]})"]
+    try:
+        rec = next((x for x in gateway.records(r, stack.host.state_dir) if x.service == gw.service), None)
+        if rec is None:
+            return [f"  gateway {gw.service} on {at}: not deployed yet (a deploy --fleet brings it up)"]
+        return gateway_lines(reach, r, Endpoint(r, parse_host(at), None), rec, names)
+    finally:
+        r.close()
 
 
 def latest_rollout(ledger: Path, stack: Stack) -> RolloutRecord | None:

@@ -53,11 +53,12 @@ def prompt_ids(wl: Workload, concurrency: int, run: int, index: int) -> list[int
     return [rng.randrange(*PROMPT_ID_RANGE) for _ in range(wl.input_len)]
 
 
-def request_body(wl: Workload, ids: list[int]) -> tuple[str, dict[str, Any]]:
-    """(path, JSON body) for one streamed greedy request of the workload."""
+def request_body(wl: Workload, ids: list[int] | str) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body) for one streamed greedy request of the workload; the prompt as token ids, or
+    as text (what a gateway takes: smg's `prompt` is a string or strings, not token ids)."""
     if wl.api == "generate":
         return "/generate", {
-            "input_ids": ids,
+            **({"text": ids} if isinstance(ids, str) else {"input_ids": ids}),
             "sampling_params": {"max_new_tokens": wl.output_len, "temperature": 0.0,
                                 "ignore_eos": wl.ignore_eos},
             "stream": True,
@@ -133,7 +134,7 @@ async def _read_stream(
 
 
 async def stream_request(
-    session: aiohttp.ClientSession, url: str, wl: Workload, ids: list[int]
+    session: aiohttp.ClientSession, url: str, wl: Workload, ids: list[int] | str
 ) -> RequestRecord:
     path, body = request_body(wl, ids)
     rec = RequestRecord(start=time.perf_counter())

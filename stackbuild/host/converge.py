@@ -18,6 +18,7 @@ from stackbuild.effects.readiness import HttpProbe, Pace, Probe, wait_ready
 from stackbuild.errors import InfraError, InputError
 from stackbuild.host import secrets, units
 from stackbuild.host.outcome import DeployReport
+from stackbuild.host.pool import GatewayLink
 from stackbuild.host.ssh import Remote
 from stackbuild.host.state import (
     LOCK_TTL_S,
@@ -25,9 +26,11 @@ from stackbuild.host.state import (
     HostPaths,
     HostState,
     Pending,
+    Slot,
     lock_holder,
     me,
     now_iso,
+    other,
     read_lock,
     read_state,
     render_state,
@@ -46,6 +49,7 @@ class Converger:
     http_probe: Callable[[str], Probe] = HttpProbe
     pace: Pace = field(default_factory=Pace)
     pull_timeout_s: float = 1800.0
+    link: GatewayLink | None = None  # the gateway in front of the host: drained before a stop, joined once serving
     _down_since: float | None = None
 
     # Outages are timed on the poller's clock (monotonic; a fake one in tests), the clock
@@ -83,39 +87,51 @@ def converger_for(
 def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converger) -> HostState:
     rep = conv.report
     staged: str | None = None
+    # a dry run prints the host's commands; it sends the gateway nothing
+    cur, slot, link = state.current, state.slot, None if remote.dry_run else conv.link
+    # Behind a gateway the release comes back (and joins) before the service's other unit leaves, so
+    # the pool is never empty (a rollback across units drops nothing); without one, the other unit
+    # goes first, freeing its port and its GPUs.
+    spare_first = link is None or cur is None
     with rep.step("restore") as st:
-        units.remove(remote, paths.candidate_unit, *paths.candidate_paths)
+        said = _remove_spare(remote, paths, link, other(slot)) if spare_first else []
         units.remove(remote, paths.switch_unit, *paths.switch_paths)  # a switch whose client died
         # before the incumbent (re)starts: it reads the file it ran with, not the candidate's values
         secrets.restore(remote, paths)
-        cur = state.current
+        unit = paths.unit_of(slot)
         if cur is None:
             conv.outage_end()
-            units.remove(remote, paths.main_unit, paths.override_path, paths.main_path)
+            if link is not None:
+                said.append(_leave(link, link.ports[slot]))
+            units.remove(remote, unit, *paths.files_of(slot))
             st.detail = "no incumbent: candidate removed, nothing else was running"
         else:
-            boot = boot_facts(remote, paths.main_unit)
-            installed = units.installed_text(remote, paths.main_path)
-            if installed == cur.unit and boot.fragment == paths.main_path and boot.active == "active":
-                st.detail = f"{paths.main_unit} already runs {cur.image}"
+            etc = paths.unit_path(unit)
+            boot = boot_facts(remote, unit)
+            installed = units.installed_text(remote, etc)
+            if installed == cur.unit and boot.fragment == etc and boot.active == "active":
+                st.detail = f"{unit} already runs {cur.image}"
                 if boot.enabled != "enabled":
-                    units.enable(remote, paths.main_unit)
+                    units.enable(remote, unit)
                     st.detail += f"; enabled it (it was {boot.enabled or 'not enabled'}: no start on boot)"
             else:
+                if link is not None and boot.active == "active":  # what runs there now drains first
+                    said.append(_leave(link, cur.port))
                 # runs from the /run override until verified and committed, as a candidate does
                 conv.outage_begin()
-                units.stop(remote, paths.main_unit)
+                units.stop(remote, unit)
                 units.ensure_image(remote, cur.image, conv.pull_timeout_s)
-                staged = f"{paths.staging_dir}/{paths.main_unit}"
+                staged = f"{paths.staging_dir}/{unit}"
                 remote.run(["mkdir", "-p", paths.staging_dir], what="create the staging dir")
                 remote.put_text(cur.unit, staged)
-                units.install(remote, staged, paths.override_path)
-                units.start(remote, paths.main_unit)
+                units.install(remote, staged, paths.runs_from(slot, serving=True))
+                units.start(remote, unit)
                 st.detail = f"reinstalled and started {cur.image}"
+        st.detail += "".join(f"; {s}" for s in said if s)
     if cur is not None and not remote.dry_run:
         with rep.step("verify serving") as st, conv.endpoint(cur.port) as url:
             ready = wait_ready(
-                UnitProbe(remote, paths.main_unit, cur.port, conv.http_probe(url)),
+                UnitProbe(remote, paths.unit_of(slot), cur.port, conv.http_probe(url)),
                 start_deadline_s=conv.start_timeout_s,
                 ready_deadline_s=conv.ready_timeout_s,
                 pace=conv.pace,
@@ -124,7 +140,7 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
             if not ready.ok:
                 raise InfraError(
                     f"{remote.address}: {cur.image} did not serve again after the restore "
-                    f"({ready.detail}); check `journalctl -u {paths.main_unit}` on the host"
+                    f"({ready.detail}); check `journalctl -u {paths.unit_of(slot)}` on the host"
                 )
         conv.outage_end()
     restored = state.model_copy(update={"pending": None})
@@ -132,18 +148,44 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
         commit(remote, paths, restored, staged)
     else:
         write_state(remote, paths, restored)
+    if cur is not None and link is not None:
+        with rep.step("gateway") as st:  # serving again: back into the gateway (a no-op when it never left)
+            said = [link.join(cur.port), *_remove_spare(remote, paths, link, other(slot))]
+            st.detail = "; ".join(s for s in said if s)
     return restored
 
 
-def commit(remote: Remote, paths: HostPaths, state: HostState, staged_unit: str) -> None:
-    """`state` becomes the host's and its current release (`staged_unit`) the enabled main unit, in one
-    host-side command (units.COMMIT_SCRIPT): the unit first, the state last, so a host that loses
-    power in between still has the pending marker that makes the next run converge it. The
-    transaction's secrets files go with it: the operator's file now holds what runs."""
+def _remove_spare(remote: Remote, paths: HostPaths, link: GatewayLink | None, spare: Slot) -> list[str]:
+    """The service's other unit (a candidate, or the release a rollback replaces) out of the gateway, stopped
+    and gone from every place its file may be."""
+    said = [_leave(link, link.ports[spare])] if link is not None else []
+    units.remove(remote, paths.unit_of(spare), *paths.files_of(spare))
+    return said
+
+
+def _leave(link: GatewayLink, port: int) -> str:
+    """Drain what runs on `port` out of the gateway before a restore stops it; a gateway that does not
+    answer (or a drain that does not end) does not keep the incumbent from coming back."""
+    try:
+        d = link.leave(port)
+    except InfraError as err:
+        return f"not drained from the gateway ({str(err).splitlines()[0][:160]})"
+    return "" if d.detail.startswith("not in the gateway") else f"{d.url} drained ({d.detail})"
+
+
+def commit(remote: Remote, paths: HostPaths, state: HostState, staged_unit: str, ran_from: str | None = None) -> None:
+    """`state` becomes the host's and its current release (`staged_unit`) the enabled unit of its slot, in
+    one host-side command (units.COMMIT_SCRIPT): the unit first, the state last, so a host that loses
+    power in between still has the pending marker that makes the next run converge it. The service's
+    other unit is disabled and its committed file removed (a boot starts one release), and the
+    transaction's secrets files go with it: the operator's file now holds what runs. `ran_from`: the
+    /run file the release ran from (default: its unit's override)."""
+    slot = state.slot
+    unit, spare = paths.unit_of(slot), paths.unit_of(other(slot))
     staged_state = f"{paths.staging_dir}/state.json"
     remote.put_text(render_state(state), staged_state)
-    units.commit(remote, paths.main_unit, (staged_unit, paths.main_path, paths.override_path),
-                 (staged_state, paths.state_file), secrets.transaction_files(paths))
+    units.commit(remote, unit, (staged_unit, paths.unit_path(unit), ran_from or paths.runs_from(slot, serving=True)),
+                 (staged_state, paths.state_file), spare, (paths.unit_path(spare), *secrets.transaction_files(paths)))
 
 
 def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S) -> str:
@@ -156,7 +198,8 @@ def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float 
         if state.pending is not None:
             to_current(remote, paths, state, conv)
             done.append(f"put back an interrupted {state.pending.op} of {state.pending.image}")
-        elif left := units.existing(remote, *paths.candidate_paths, *paths.switch_paths, paths.override_path):
+        elif left := units.existing(remote, *paths.files_of(other(state.slot)), *paths.switch_paths,
+                                    *paths.files_of(state.slot)[:2]):
             to_current(remote, paths, state, conv)
             done.append(f"removed what an interrupted run left: {', '.join(left)}")
     return "; ".join(done) or "nothing to converge"
@@ -211,7 +254,9 @@ class HostStatus:
     running_image: str | None
     lock_owner: str | None = None  # the host lock's owner.json, when a lock is held
     enabled: str = ""  # systemd's UnitFileState of the main unit: "enabled" starts it on boot
-    under_test: bool = False  # the main unit runs from its /run override: a release not committed
+    under_test: bool = False  # its unit runs from a file in /run: a release not committed
+    unit: str = ""  # the unit the committed release runs as
+    gateways: tuple[str, ...] = ()  # lines on the gateways this host runs (host/gateway.py), when asked for
 
     @property
     def boot(self) -> str:
@@ -228,6 +273,7 @@ class HostStatus:
                 f"{'-' + s.current.variant if s.current.variant else ''}, "
                 f"verdict {s.current.verdict}, since {s.current.at})"
             )
+            lines.append(f"  serves:   port {s.current.port} ({self.unit or s.service + '.service'})")
         else:
             lines.append("  current:  none (nothing deployed)")
         if s.previous:
@@ -247,13 +293,14 @@ class HostStatus:
                 f"  PENDING: interrupted {s.pending.op} of {s.pending.image} since "
                 f"{s.pending.started_at}; the next deploy or rollback converges it"
             )
-        return "\n".join(lines)
+        return "\n".join([*lines, *self.gateways])
 
 
 def status(remote: Remote, paths: HostPaths) -> HostStatus:
     state = read_state(remote, paths)
-    boot = boot_facts(remote, paths.main_unit)
-    img = remote.run(units.container_image_argv(paths.service), check=False, what="inspect the container",
-                     changes=False)
+    unit = paths.unit_of(state.slot)  # the unit its committed release runs as
+    boot = boot_facts(remote, unit)
+    img = remote.run(units.container_image_argv(unit.removesuffix(".service")), check=False,
+                     what="inspect the container", changes=False)
     return HostStatus(state, boot.active == "active", img.stdout.strip() if img.ok else None,
-                      read_lock(remote, paths), boot.enabled, boot.fragment == paths.override_path)
+                      read_lock(remote, paths), boot.enabled, boot.fragment in paths.files_of(state.slot)[:2], unit)

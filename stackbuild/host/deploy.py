@@ -13,13 +13,24 @@ preflight, lock held), with nothing changed unless the report says so.
 
 from __future__ import annotations
 
-from stackbuild.effects.readiness import Readiness, wait_ready
 from stackbuild.errors import EXIT_INFRA, StackbuildError
 from stackbuild.gate.result import GateResult
 from stackbuild.host import converge, secrets, units
 from stackbuild.host.crash import classify
 from stackbuild.host.decide import incumbent_result, verdict_of
+from stackbuild.host.deploy_steps import (
+    CHANNEL_TRIES,
+    Placement,
+    deploy_ports,
+    dry_plan,
+    hold_bound_s,
+    move_channel,
+    place,
+    readiness,
+    stage_secrets,
+)
 from stackbuild.host.outcome import DeployReport
+from stackbuild.host.pool import GatewayLink
 from stackbuild.host.preflight import PreflightFailed, run_preflight
 from stackbuild.host.request import DeployRequest, Services
 from stackbuild.host.ssh import ConnectionLost, Remote
@@ -35,12 +46,10 @@ from stackbuild.host.state import (
     read_state,
     write_state,
 )
-from stackbuild.host.unit_probe import UnitProbe
 from stackbuild.image.smoke import host_kernel_check_argv
-from stackbuild.spec.stack import Stack
 
-CHANNEL_TRIES = 3
-CHANNEL_BACKOFF_S = 2.0
+__all__ = ["CHANNEL_TRIES", "deploy", "hold_bound_s", "recover"]
+
 
 def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
     stack = req.stack
@@ -81,31 +90,21 @@ def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
     return rep
 
 
-def hold_bound_s(req: DeployRequest) -> float:
-    """How long this deploy can hold the host lock, each step at its own timeout.
-
-    pull, then start + ready up to three times (candidate, the side-by-side switch, a restore),
-    the incumbent's baseline and the candidate's gate (each within the gate's deadline), and a
-    margin for the SSH steps between them.
-    """
-    rt = req.stack.runtime
-    return req.pull_timeout_s + 3 * (rt.start_timeout_s + rt.ready_timeout_s) + 2 * req.profile.gate_deadline_s() + 600
-
-
 def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths, rep: DeployReport) -> None:
     stack = req.stack
-    sbs = req.strategy == "side-by-side"
     with rep.step("state"):
         state = read_state(remote, paths)
     if state.pending is not None:
         with rep.step("recover") as st:
             st.detail = f"an interrupted {state.pending.op} of {state.pending.image} was pending"
-            state = converge.to_current(remote, paths, state, _conv(req, svc, rep))
-    incumbent_active = state.current is not None and units.is_active(remote, paths.main_unit)
-    port = stack.runtime.staging_port if sbs else stack.runtime.port
+            # the gateway is brought up to date below: this only puts the host back
+            state = converge.to_current(remote, paths, state, _conv(req, svc, rep, gateway=False))
+    incumbent_active = state.current is not None and units.is_active(remote, paths.unit_of(state.slot))
+    p = place(stack, state, req.strategy)
+    unit = paths.unit_of(p.slot)
     try:
         with rep.step("preflight") as st:
-            pf = run_preflight(remote, stack, image=req.image, strategy=req.strategy, incumbent_active=incumbent_active)
+            pf = run_preflight(remote, stack, image=req.image, ports=deploy_ports(p, incumbent_active))
             st.detail = "; ".join(f"{c.name}: {c.detail}" for c in pf.checks)
             if not pf.ok:
                 raise PreflightFailed(remote.address, pf)
@@ -113,24 +112,29 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
         with rep.step("pull") as st:
             pulled = units.ensure_image(remote, req.image, req.pull_timeout_s)
             st.detail = "pulled" if pulled else "already on the host"
-        unit = paths.candidate_unit if sbs else paths.main_unit
-        name = unit.removesuffix(".service")
+        if svc.gateway is not None:
+            with rep.step("gateway") as st:
+                st.detail = svc.gateway.bring_up(p.serving_port if incumbent_active else None,
+                                                 dry_run=remote.dry_run)
         with rep.step("stage unit") as st:
-            env = {"env_file": secrets.candidate_env_file(paths.service)} if sbs else {}
-            text = svc.render_unit(stack, image=req.image, port=port, name=name, **env)
+            env = {"env_file": secrets.candidate_env_file(paths.service)} if p.beside else {}
+            text = svc.render_unit(stack, image=req.image, port=p.port, name=unit.removesuffix(".service"), **env)
             staged = units.stage_and_verify(remote, paths.staging_dir, unit, text)
             st.detail = f"{unit} verified"
         if (kernels := host_kernel_check_argv(stack, req.image)) is not None and not remote.dry_run:
             with rep.step("kernel check") as st:
                 st.detail = units.kernel_check(remote, kernels)
+        if not p.beside and incumbent_active and svc.outage_plan is not None and not remote.dry_run:
+            with rep.step("outage plan") as st:  # said before the incumbent stops, not after
+                st.detail = svc.outage_plan()
     except ConnectionLost:
         raise
     except StackbuildError as err:
         rep.finish("refused", str(err), getattr(err, "exit_code", EXIT_INFRA))
         return
     if remote.dry_run:
-        _stage_secrets(remote, req, paths, rep, operator=not sbs)
-        _dry_plan(remote, req, svc, paths, unit, staged, rep)
+        stage_secrets(remote, req, paths, rep, operator=not p.beside)
+        dry_plan(remote, req, svc, paths, p, staged, rep)
         return
 
     baseline = incumbent_result(remote, req, svc, paths, state, incumbent_active, rep)
@@ -146,22 +150,8 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
     conv = _conv(req, svc, rep)
 
     try:
-        _stage_secrets(remote, req, paths, rep, operator=not sbs)
-        _run_candidate(
-            remote,
-            req,
-            svc,
-            paths,
-            rep,
-            state,
-            conv,
-            staged,
-            unit,
-            port,
-            baseline,
-            incumbent_active,
-            text,
-        )
+        stage_secrets(remote, req, paths, rep, operator=not p.beside)
+        _run_candidate(remote, req, svc, paths, rep, state, conv, staged, p, baseline, incumbent_active, text)
     except ConnectionLost:
         raise
     except Exception as err:
@@ -183,26 +173,26 @@ def _run_candidate(
     state: HostState,
     conv: converge.Converger,
     staged: str,
-    unit: str,
-    port: int,
+    p: Placement,
     baseline: GateResult | None,
     incumbent_active: bool,
     text: str,
 ) -> None:
-    stack = req.stack
-    sbs = req.strategy == "side-by-side"
-    name = unit.removesuffix(".service")
+    stack, gw = req.stack, svc.gateway
+    unit = paths.unit_of(p.slot)
     with rep.step("start") as st:
         since = units.remote_now(remote)
-        if not sbs and incumbent_active:
+        if not p.beside and incumbent_active:
+            if gw is not None:  # in-flight requests end on the incumbent; the gateway sends no new ones
+                st.detail = gw.leave_or_back(p.serving_port) + "; "
             conv.outage_begin()
-            units.stop(remote, paths.main_unit)
-        units.install(remote, staged, _runs_from(paths, sbs))  # from /run: a reboot brings back the incumbent
-        units.start(remote, unit)
-        st.detail = f"{unit} on port {port}"
-    ready = _readiness(remote, svc, unit, port, stack, rep)
+            units.stop(remote, unit)
+        units.install(remote, staged, paths.runs_from(p.slot, serving=not p.beside))  # /run: a reboot brings
+        units.start(remote, unit)  # back the incumbent
+        st.detail += f"{unit} on port {p.port}"
+    ready = readiness(remote, svc, unit, p.port, stack, rep)
     if not ready.ok:
-        logs = units.logs_since(remote, unit, name, since)
+        logs = units.logs_since(remote, unit, unit.removesuffix(".service"), since)
         sig = classify(f"{logs}\n{ready.detail}")
         rep.logs = logs[-8000:]
         if sig:
@@ -214,10 +204,10 @@ def _run_candidate(
         cause = f"{what}: {ready.detail}" + (f" [{sig.kind}: {sig.hint}]" if sig else "")
         _roll_back(remote, paths, state, conv, rep, cause, verdict="not-ready")
         return
-    if not sbs:
+    if not p.beside:
         conv.outage_end()
 
-    with rep.step("gate") as st, svc.endpoint(port) as url:
+    with rep.step("gate") as st, svc.endpoint(p.port) as url:
         result = svc.gate(url, req.profile, stack.label, baseline)
         if rep.host_facts:
             result = result.model_copy(update={"host": {**result.host, **rep.host_facts}})
@@ -229,43 +219,46 @@ def _run_candidate(
         _roll_back(remote, paths, state, conv, rep, f"gate {rep.verdict}: {reasons}", verdict=rep.verdict)
         return
 
-    if sbs:
+    slot, port, ran_from = p.slot, p.port, paths.runs_from(p.slot, serving=not p.beside)
+    staged_final = f"{paths.staging_dir}/{unit}"
+    if p.beside and (gw is not None or p.slot == "main"):
+        # the candidate stays where it runs: it takes over through the gateway (or, without one,
+        # on the main unit's port already), and the incumbent stops once it is out of the pool
+        with rep.step("take over") as st:
+            said = [gw.join(p.port)] if gw is not None else []
+            if incumbent_active:
+                if gw is not None:
+                    said.append(gw.leave_or_back(p.serving_port))
+                units.stop(remote, paths.unit_of(p.serving))
+                said.append(f"stopped {paths.unit_of(p.serving)}")
+            text = svc.render_unit(stack, image=req.image, port=p.port, name=unit.removesuffix(".service"))
+            staged_final = units.stage_and_verify(remote, paths.staging_dir, unit, text)
+            if stack.runtime.secrets:
+                secrets.stage(remote, paths, stack.runtime.secrets, req.secrets, target=secrets.env_file(paths.service))
+            st.detail = "; ".join([*said, f"{unit} serves port {p.port}: nothing restarted"])
+    elif p.beside:
         with rep.step("switch") as st:
-            main_text = svc.render_unit(stack, image=req.image, port=stack.runtime.port, name=paths.service)
-            main_staged = units.stage_and_verify(remote, paths.staging_dir, paths.main_unit, main_text)
+            slot, port, ran_from = "main", stack.runtime.port, paths.override_path
+            text = svc.render_unit(stack, image=req.image, port=port, name=paths.service)
+            staged_final = units.stage_and_verify(remote, paths.staging_dir, paths.main_unit, text)
             if stack.runtime.secrets:
                 secrets.stage(remote, paths, stack.runtime.secrets, req.secrets, target=secrets.env_file(paths.service))
             if incumbent_active:
                 conv.outage_begin()
-            args = [paths.candidate_unit, _runs_from(paths, True), paths.main_unit, main_staged, paths.override_path]
+            args = [paths.candidate_unit, paths.runs_from("staging", serving=False), paths.main_unit, staged_final,
+                    ran_from]
             units.switch(remote, paths, args)
-            text = main_text
-            st.detail = f"{paths.main_unit} now runs the candidate on {stack.runtime.port}"
-        ready = _readiness(remote, svc, paths.main_unit, stack.runtime.port, stack, rep)
+            st.detail = f"{paths.main_unit} now runs the candidate on {port}"
+        ready = readiness(remote, svc, paths.main_unit, port, stack, rep)
         if not ready.ok:
-            _roll_back(
-                remote,
-                paths,
-                state,
-                conv,
-                rep,
-                f"candidate passed the gate but failed after the switch: {ready.detail}",
-                verdict="not-ready",
-            )
+            _roll_back(remote, paths, state, conv, rep,
+                       f"candidate passed the gate but failed after the switch: {ready.detail}", verdict="not-ready")
             return
         conv.outage_end()
 
     with rep.step("promote") as st:
-        release = Release(
-            image=req.image,
-            digest=req.digest,
-            stack=stack.name,
-            variant=stack.variant,
-            unit=text,
-            port=stack.runtime.port,
-            verdict=rep.verdict,
-            at=now_iso(),
-        )
+        release = Release(image=req.image, digest=req.digest, stack=stack.name, variant=stack.variant, unit=text,
+                          port=port, verdict=rep.verdict, at=now_iso(), slot=slot)
         new_state = HostState(
             service=paths.service,
             current=release,
@@ -277,71 +270,30 @@ def _run_candidate(
         )
         remote.run(["mkdir", "-p", f"{paths.base}/results"], what="create results dir")
         remote.put_text(result.model_dump_json(), paths.result_file(release.key))
-        converge.commit(remote, paths, new_state, f"{paths.staging_dir}/{paths.main_unit}")
-        st.detail = f"host state committed; {paths.main_unit} enabled (starts on boot)"
-    # Committed on the host: from here nothing undoes the promotion. A channel that will not
-    # move is reported stale (exit 4), never rolled back.
+        converge.commit(remote, paths, new_state, staged_final, ran_from)
+        st.detail = f"host state committed; {paths.unit_of(slot)} enabled (starts on boot)"
+    # Committed on the host: from here nothing undoes the promotion. A gateway that will not take
+    # the host back, or a channel that will not move, is reported (exit 4), never rolled back.
+    if gw is not None and not p.beside and (stale := _rejoin(gw, port, rep)):
+        rep.finish("promoted", stale, EXIT_INFRA)
+        return
     if svc.promote_channel and stack.host.channel:
-        stale = _move_channel(svc, req.image, stack.host.channel, rep)
+        stale = move_channel(svc, req.image, stack.host.channel, rep)
         if stale:
             rep.finish("promoted", stale, EXIT_INFRA)
             return
     rep.finish("promoted")
 
 
-def _runs_from(paths: HostPaths, candidate_unit: bool) -> str:
-    """Where a release under test runs from: the candidate unit, or the main unit's override (both in /run)."""
-    return paths.candidate_paths[0] if candidate_unit else paths.override_path
-
-
-def _move_channel(svc: Services, image: str, channel: str, rep: DeployReport) -> str | None:
-    """Move the channel tag with retries; None when moved, else the sentence saying what to do."""
-    assert svc.promote_channel is not None
-    err: Exception | None = None
-    with rep.step("channel") as st:
-        for attempt in range(CHANNEL_TRIES):
-            try:
-                st.detail = svc.promote_channel(image)
-                return None
-            except StackbuildError as e:
-                err = e
-                if attempt + 1 < CHANNEL_TRIES:
-                    svc.sleep(CHANNEL_BACKOFF_S * 2**attempt)
-        st.detail = f"not moved after {CHANNEL_TRIES} tries: {str(err).splitlines()[0][:200]}"
-    rep.steps[-1].ok = False
-    return (
-        f"promoted and committed on the host, but the channel {channel!r} is stale (registry: "
-        f"{str(err).splitlines()[0][:200]}); move it when the registry is back: "
-        f"stackbuild promote {image} --channel {channel}"
-    )
-
-
-def _stage_secrets(remote: Remote, req: DeployRequest, paths: HostPaths, rep: DeployReport, *, operator: bool) -> None:
-    """Merge the given secret values: into the operator's file (kept for a restore) or the candidate's copy."""
-    wanted = req.stack.runtime.secrets
-    if not wanted:
-        return
-    target = secrets.env_file(paths.service) if operator else secrets.candidate_env_file(paths.service)
-    with rep.step("secrets") as st:
-        missing = secrets.stage(remote, paths, wanted, req.secrets, target=target)
-        given = [n for n in wanted if req.secrets.get(n)]
-        st.detail = f"{target}: " + (f"set {', '.join(given)}" if given else "unchanged (no values given)")
-        if missing:
-            st.detail += f"; neither given nor on the host, the server gets none: {', '.join(missing)}"
-
-
-def _readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport) -> Readiness:
-    with rep.step("ready") as st, svc.endpoint(port) as url:
-        ready = wait_ready(
-            UnitProbe(remote, unit, port, svc.http_probe(url)),
-            start_deadline_s=stack.runtime.start_timeout_s,
-            ready_deadline_s=stack.runtime.ready_timeout_s,
-            pace=svc.pace,
-        )
-        st.detail = f"{ready.stage}: {ready.detail}"
-    if not ready.ok:
-        rep.steps[-1].ok = False
-    return ready
+def _rejoin(gw: GatewayLink, port: int, rep: DeployReport) -> str | None:
+    """The promoted server back into the gateway; None when in, else what to do."""
+    try:
+        with rep.step("gateway") as st:
+            st.detail = gw.join(port)
+        return None
+    except StackbuildError as err:
+        return (f"promoted and committed on the host, but not back in the gateway {gw.url} "
+                f"({str(err).splitlines()[0][:200]}); re-run the deploy to put it back")
 
 
 def _roll_back(
@@ -371,31 +323,11 @@ def _roll_back(
     rep.finish("rolled-back", cause)
 
 
-def _conv(req: DeployRequest, svc: Services, rep: DeployReport) -> converge.Converger:
-    return converge.converger_for(req.stack, svc.endpoint, rep, req.pull_timeout_s, http_probe=svc.http_probe,
+def _conv(req: DeployRequest, svc: Services, rep: DeployReport, *, gateway: bool = True) -> converge.Converger:
+    conv = converge.converger_for(req.stack, svc.endpoint, rep, req.pull_timeout_s, http_probe=svc.http_probe,
                                   pace=svc.pace)
-
-
-def _dry_plan(
-    remote: Remote,
-    req: DeployRequest,
-    svc: Services,
-    paths: HostPaths,
-    unit: str,
-    staged: str,
-    rep: DeployReport,
-) -> None:
-    svc.echo(f"would mark the deploy pending in {paths.state_file}")
-    if req.strategy == "swap" and units.is_active(remote, paths.main_unit):
-        svc.echo(f"would stop the incumbent {paths.main_unit}")
-    units.install(remote, staged, _runs_from(paths, req.strategy == "side-by-side"))
-    units.start(remote, unit)
-    svc.echo(f"would wait for {unit}: port, /health 200, one generation")
-    svc.echo(f"would gate it with profile {req.profile.description or 'default'}")
-    if svc.gate_plan is not None:
-        svc.echo(svc.gate_plan(req.profile, req.strategy == "swap"))
-    svc.echo(f"would promote (write {paths.state_file}) or roll back to the incumbent")
-    rep.finish("planned")
+    conv.link = svc.gateway if gateway else None
+    return conv
 
 
 def recover(remote: Remote, req: DeployRequest, svc: Services, rep: DeployReport) -> None:

@@ -30,6 +30,7 @@ from stackbuild.host.fake_server import (
     crashes,
 )
 from stackbuild.host.fake_systemd import FakeSystemd, SysUnit
+from stackbuild.host.gateway import POOL_SCRIPT, RECORDS_SCRIPT
 from stackbuild.host.preflight import (
     CDI_SCRIPT,
     DOCKER_INFO,
@@ -48,6 +49,7 @@ from stackbuild.host.state import (
     RELEASE_SCRIPT,
     SERVICES_SCRIPT,
 )
+from stackbuild.render.gateway import pool_text, pool_urls
 
 __all__ = [
     "FAILS_FIRST_GENERATION",
@@ -153,7 +155,7 @@ class FakeHost(FakeSystemd):
         if script == SERVICES_SCRIPT:  # ls -1 of a dir: its entries, one a line
             (top,) = p
             under = [x[len(top) + 1:] for x in [*self.dirs, *self.files] if x.startswith(top + "/")]
-            names = sorted({x.split("/")[0] for x in under})
+            names = sorted({x.split("/")[0] for x in under if not x.startswith(".")})  # ls skips dot entries
             return self._ok(cmd, "".join(f"{n}\n" for n in names)) if top in self.dirs else RemoteResult(cmd, 2, "", "")
         if script in (BACKUP_SCRIPT, RESTORE_SCRIPT):
             return self._secrets(script, p, cmd)
@@ -164,6 +166,17 @@ class FakeHost(FakeSystemd):
                 RemoteResult(cmd, 1, "", "")
         if script == TCP_SCRIPT:
             return self._ok(cmd, self.socket_table())
+        if script == POOL_SCRIPT:  # the gateway's pool file: "-URL" out, "+URL" in, the rest kept in order
+            path, *edits = p
+            self._mkdirs(posixpath.dirname(path), 0o700)
+            drop = {e[1:] for e in edits}
+            urls = [u for u in pool_urls(self.files.get(path)) if u not in drop] + [e[1:] for e in edits if e[0] == "+"]
+            self.files[path], self.modes[path] = pool_text(urls), 0o644
+            return self._ok(cmd)
+        if script == RECORDS_SCRIPT:
+            (top,) = p
+            docs = [self.files[f] for f in sorted(self.files) if f.startswith(top + "/") and f.endswith("/state.json")]
+            return self._ok(cmd, "".join(f"{d}\n---\n" for d in docs))
         return super()._script(script, p, cmd)
 
     def _secrets(self, script: str, p: list[str], cmd: str) -> RemoteResult:

@@ -224,8 +224,9 @@ class FakeSystemd(FakeRemote):
         return self._ok(cmd)
 
     def _commit(self, cmd: str, staged: str, main_path: str, override: str, unit: str, staged_state: str,
-                state: str, *drop: str) -> RemoteResult:
-        """COMMIT_SCRIPT, step by step: install, drop the override, reload, enable, the state, the rest."""
+                state: str, retire: str, *drop: str) -> RemoteResult:
+        """COMMIT_SCRIPT, step by step: install, drop the override, reload, enable, disable the other
+        unit, the state, the rest."""
         if not self._install(staged, main_path, reload=False):
             return RemoteResult(cmd, 1, "", f"install: cannot stat '{staged}'")
         self._rm(override)
@@ -233,10 +234,12 @@ class FakeSystemd(FakeRemote):
         enabled = self._enable(unit, cmd)
         if not enabled.ok:
             return enabled
+        self._disable(retire, cmd)  # its failure ignored, as the script does
         if staged_state not in self.files:
             return RemoteResult(cmd, 1, "", f"mv: cannot stat '{staged_state}': No such file or directory")
         self._move(staged_state, state)
         self._rm(*drop)
+        self._daemon_reload()
         return self._ok(cmd)
 
     def _oneshot(self, unit: str, script: str, args: list[str], cmd: str) -> RemoteResult:

@@ -41,15 +41,6 @@ def need_free_kib(stack: Stack) -> int:
     return CPU_IMAGE_KIB if stack.runtime.gpus == "none" else GPU_IMAGE_KIB
 
 
-def deploy_ports(stack: Stack, strategy: str, incumbent_active: bool) -> dict[int, bool]:
-    """The ports a deploy binds -> may our own incumbent hold it. Swap: the service port, which the
-    incumbent frees when it stops. Side-by-side: the staging port (nobody may hold it) while the
-    incumbent keeps the service port until the switch."""
-    if strategy == "side-by-side":
-        return {stack.runtime.staging_port: False, stack.runtime.port: incumbent_active}
-    return {stack.runtime.port: incumbent_active}
-
-
 @dataclass(frozen=True)
 class Gpu:
     index: int
@@ -175,10 +166,9 @@ def run_preflight(
     stack: Stack,
     *,
     image: str,
-    strategy: str,
-    incumbent_active: bool,
+    ports: dict[int, bool],
 ) -> PreflightReport:
-    """Run every check for a deploy of `image` by `strategy` (`incumbent_active`: ours runs on the host now)."""
+    """Run every check for a deploy of `image` binding `ports` (port -> may our own incumbent hold it)."""
     checks: list[Check] = []
     gpus: list[Gpu] = []
     need_kib = need_free_kib(stack)
@@ -251,7 +241,7 @@ def run_preflight(
         # not visible (daemon in another namespace): docker itself will say at start
         checks += ulimit_checks(limits.stdout, dict(stack.runtime.ulimits)) if limits.ok else []
     tcp = remote.run(sh_argv(TCP_SCRIPT), check=False, what="listening ports", changes=False)
-    checks += port_checks(parse_listening_ports(tcp.stdout), deploy_ports(stack, strategy, incumbent_active))
+    checks += port_checks(parse_listening_ports(tcp.stdout), ports)
     return PreflightReport(tuple(checks), tuple(gpus))
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from stackbuild.effects.readiness import HttpProbe, Pace, Probe
 from stackbuild.gate.result import GateResult
+from stackbuild.host.pool import GatewayLink
 from stackbuild.host.state import LOCK_TTL_S
 from stackbuild.spec.profile import GateProfile
 from stackbuild.spec.stack import Stack
@@ -52,3 +53,9 @@ class Services:
     sleep: Callable[[float], None] = time.sleep
     # the gate's plan (expected runs and duration) for a dry run to print
     gate_plan: Callable[[GateProfile, bool], str] | None = None
+    # the gateway in front of the host (None: clients reach the server's port directly): brought up
+    # to date first, then servers are drained out of it before they stop and join it once they
+    # serve (host/pool.py)
+    gateway: GatewayLink | None = None
+    # how long a swap's outage will be, from the ledger's load times for the stack (words)
+    outage_plan: Callable[[], str] | None = None

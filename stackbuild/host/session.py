@@ -14,71 +14,37 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
 
-from stackbuild.effects import aio, http
-from stackbuild.effects.readiness import HttpProbe, Pace, Probe
+from stackbuild.effects import aio
 from stackbuild.errors import EXIT_INFRA, InfraError, InputError, StackbuildError
 from stackbuild.gate.result import GateResult
-from stackbuild.gate.runner import run_gate
+from stackbuild.host import gateway
 from stackbuild.host.converge import Converger, HostStatus, rollback, status
 from stackbuild.host.deploy import deploy, recover
 from stackbuild.host.dryrun import DryRunRemote
 from stackbuild.host.outcome import DeployReport
-from stackbuild.host.request import DeployRequest, GateFn, Services
-from stackbuild.host.ssh import HostAddress, Remote, SshOptions, connect, parse_host
+from stackbuild.host.reach import Endpoint, Reach, gateway_link, gateway_target
+from stackbuild.host.request import DeployRequest, Services
+from stackbuild.host.ssh import HostAddress, Remote, SshOptions, parse_host
 from stackbuild.host.state import HostPaths, only_service
 from stackbuild.image import registry
 from stackbuild.image.build import BuildResult, build_stack
 from stackbuild.image.context import rendered_for_image
+from stackbuild.image.gateway import build_gateway
 from stackbuild.render.stack import image_ref, render_unit
 from stackbuild.results.ledger import gate_plan as ledger_gate_plan
 from stackbuild.results.ledger import host_class_of, ledger_path
+from stackbuild.results.outage import swap_outage
 from stackbuild.results.outputs import check_writable
 from stackbuild.results.recorder import Recorder
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 from stackbuild.spec.stack import Stack
 
 _PINNED = re.compile(r"^(?P<repo>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
-
-
-class Reach:
-    """How this process reaches a host and the server on it: an SSH connection, and over HTTP the
-    server's readiness layers, the pace to poll them at, the gate, and what a soak watches.
-
-    Unit tests pass a subclass over the scripted fake hosts (tests/helpers_fleet.py), so the
-    code that drives hosts (a deploy, a rollout's ops, fleet status, rollback) runs unchanged.
-    """
-
-    def connect(self, address: HostAddress, opts: SshOptions) -> Remote:
-        return connect(address, opts)
-
-    def http_probe(self, remote: Remote) -> Callable[[str], Probe]:
-        return HttpProbe
-
-    def pace(self, remote: Remote) -> Pace:
-        return Pace()
-
-    def gate(self, remote: Remote, access: str) -> GateFn:
-        def gate(url: str, profile: GateProfile, name: str, baseline: GateResult | None) -> GateResult:
-            return run_gate(url, profile, name=name, baseline=baseline, host_facts={"access": access})
-
-        return gate
-
-    def watch(self, remote: Remote, url: str) -> tuple[int | None, str]:
-        """GET /health_generate's status (None: no answer) and /metrics' text ("": not served).
-
-        sglang answers /health_generate by running a one-token generation through its scheduler;
-        /metrics needs --enable-metrics, and without it a soak watches the rest."""
-        status_code = http.status(f"{url}/health_generate", timeout=20.0)
-        try:
-            reply = http.get(f"{url}/metrics", timeout=10.0)
-        except http.HttpFailure:
-            return status_code, ""
-        return status_code, reply.body.decode(errors="replace") if reply.status == 200 else ""
+__all__ = ["Endpoint", "Reach"]  # their home is host/reach.py; callers import them from here too
 
 
 @dataclass(kw_only=True)
@@ -96,6 +62,9 @@ class RunOptions:
     root: Path | None = None
     secrets: dict[str, str] = field(default_factory=dict)
     reach: Reach = field(default_factory=Reach)
+    gateway_image: str | None = None  # the gateway's, pinned (None: built, or found in the registry, when needed)
+    gateway_host: str | None = None  # where the gateway runs, resolved (None: gateway.host, else the deploy's host)
+    drained: bool = False  # a rollout drained the host out of the gateway (and brought the gateway up) first
 
     @property
     def recorder_path(self) -> Path:
@@ -168,6 +137,18 @@ def resolve_image(args: DeployArgs, echo: Callable[[str], None],
     return pin(built.image, built.digest), built.digest
 
 
+def resolve_gateway_image(args: RunOptions, echo: Callable[[str], None], *, dry_run: bool = False) -> str | None:
+    """The gateway image (stack with a gateway: section): as given, else built and pushed unless the
+    registry has it (it is named by the hash of what goes into it)."""
+    if args.stack.gateway is None or args.gateway_image:
+        return args.gateway_image
+    where = args.registry or args.stack.host.registry
+    if not where:
+        raise InputError(f"{args.stack.source}: the gateway's image needs a registry the host pulls from: pass "
+                         "--registry HOST:PORT/REPO or set host.registry")
+    return build_gateway(args.stack, where, echo=echo, dry_run=dry_run)
+
+
 def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callable[[str], None]) -> Services:
     promote: Callable[[str], str] | None = None
     if args.stack.host.channel:
@@ -183,6 +164,9 @@ def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callab
     def gate_plan(profile: GateProfile, stored: bool) -> str:
         return ledger_gate_plan(profile, ledger_path(args.ledger, args.root), stored=stored)
 
+    def outage_plan() -> str:
+        return swap_outage(ledger_path(args.ledger, args.root), args.stack)
+
     return Services(
         progress=progress,
         render_unit=render_unit,
@@ -194,31 +178,8 @@ def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callab
         echo=echo,
         access=endpoint.mode,
         gate_plan=gate_plan,
+        outage_plan=outage_plan,
     )
-
-
-@dataclass
-class Endpoint:
-    remote: Any
-    address: HostAddress
-    tunnel: bool | None
-
-    @property
-    def mode(self) -> str:
-        use = (not self.address.is_loopback) if self.tunnel is None else self.tunnel
-        return "tunnel" if use else "direct"
-
-    def __call__(self, port: int) -> Any:
-        @contextmanager
-        def cm() -> Any:
-            if self.mode == "direct" or getattr(self.remote, "dry_run", False):
-                host = self.address.host if self.address.is_loopback else "127.0.0.1"
-                yield f"http://{host}:{port}"
-                return
-            with self.remote.forward(port) as local_port:
-                yield f"http://127.0.0.1:{local_port}"
-
-        return cm()
 
 
 def run_deploy(
@@ -237,8 +198,10 @@ def run_deploy(
         real = args.reach.connect(address, args.ssh)
     else:
         image, digest = resolve_image(args, echo)
+    gw_image = None if args.drained else resolve_gateway_image(args, echo, dry_run=args.dry_run)
     remote: Remote = DryRunRemote(str(address), reader=real, echo=echo) if args.dry_run else real
-    svc = _services(args, Endpoint(remote, address, args.tunnel), real, echo)
+    endpoint = Endpoint(remote, address, args.tunnel)
+    svc = _services(args, endpoint, real, echo)
     req = DeployRequest(
         stack=args.stack,
         image=image,
@@ -247,11 +210,17 @@ def run_deploy(
         profile=profile,
         secrets=args.secrets,
     )
+    at = args.gateway_host or gateway_target(args.stack, {h.name: h.target for h in args.stack.host.hosts},
+                                             args.host_text)
     try:
-        with restore_on_signal():
+        with restore_on_signal(), gateway_link(args.reach, args.ssh, args.tunnel, args.stack, gateway_at=at,
+                                               server_at=args.host_text, server=remote, endpoint=endpoint,
+                                               image=gw_image, kept_out=args.drained) as link:
+            svc.gateway = link
             rep = deploy(remote, req, svc)
     finally:
         remote.close()
+    svc.gateway = None  # its connection is gone: a recovery puts the host back, the next deploy the pool
     if rep.needs_recovery:
         rep = _recover_once(address, args, req, svc, rep, echo)
     echo(rep.render())
@@ -369,28 +338,50 @@ def read_status(host_text: str, ssh: SshOptions, *, service: str | None, state_d
                 reach: Reach | None = None) -> tuple[HostAddress, HostStatus]:
     """`stackbuild status --host`: what the host runs (the only service it has state for when none is named)."""
     address = parse_host(host_text)
-    remote = (reach or Reach()).connect(address, ssh)
+    reach = reach or Reach()
+    remote = reach.connect(address, ssh)
     try:
-        return address, status(remote, HostPaths(state_dir, service or only_service(remote, state_dir)))
+        st = status(remote, HostPaths(state_dir, service or only_service(remote, state_dir)))
+        lines = [ln for rec in gateway.records(remote, state_dir)
+                 for ln in gateway_lines(reach, remote, Endpoint(remote, address, None), rec)]
+        return address, replace(st, gateways=tuple(lines))
     finally:
         remote.close()
 
 
+def gateway_lines(reach: Reach, remote: Remote, endpoint: Endpoint, rec: gateway.GatewayRecord,
+                  names: dict[str, str] | None = None) -> list[str]:
+    """What a gateway on a host says of its workers (GET /workers), in lines for `status`."""
+    head = f"  gateway {rec.service} on port {rec.port} ({rec.image.rsplit('@', 1)[-1][:19]})"
+    try:
+        with endpoint(rec.port) as url:
+            workers = reach.gateway_api(remote, url).workers()
+    except StackbuildError as err:
+        return [f"{head}: NOT answering ({str(err).splitlines()[0][:160]})"]
+    return [f"{head}: {len(workers)} worker(s)", *gateway.describe(workers, names)]
+
+
 def run_rollback(host_text: str, ssh: SshOptions, *, service: str | None, state_dir: str, timeout_s: float,
                  tunnel: bool | None, dry_run: bool, echo: Callable[[str], None] = print,
-                 reach: Reach | None = None) -> DeployReport:
+                 reach: Reach | None = None, stack: Stack | None = None) -> DeployReport:
     """`stackbuild rollback`: the previous release made current again, verified serving within
-    `timeout_s`, under the host lock (converge.rollback)."""
+    `timeout_s`, under the host lock (converge.rollback). `stack` (`--stack`): its gateway, if it has
+    one, drains what stops and takes the restored release back in."""
     reach = reach or Reach()
     address = parse_host(host_text)
     real = reach.connect(address, ssh)
     remote: Remote = DryRunRemote(str(address), reader=real, echo=echo) if dry_run else real
+    endpoint = Endpoint(remote, address, tunnel)
     try:
         paths = HostPaths(state_dir, service or only_service(real, state_dir))
         rep = DeployReport(host=str(address), service=paths.service, stack="-", image="-", strategy="rollback")
-        conv = Converger(endpoint=Endpoint(remote, address, tunnel), report=rep, start_timeout_s=timeout_s,
+        conv = Converger(endpoint=endpoint, report=rep, start_timeout_s=timeout_s,
                          ready_timeout_s=timeout_s, http_probe=reach.http_probe(real), pace=reach.pace(real))
-        rollback(remote, paths, conv)
+        at = gateway_target(stack, {h.name: h.target for h in stack.host.hosts}, host_text) if stack else host_text
+        with (gateway_link(reach, ssh, tunnel, stack, gateway_at=at, server_at=host_text, server=remote,
+                           endpoint=endpoint) if stack else nullcontext()) as link:
+            conv.link = link
+            rollback(remote, paths, conv)
     finally:
         remote.close()
     return rep

@@ -34,6 +34,9 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
 
+Slot = Literal["main", "staging"]
+
+
 class Release(_Frozen):
     """One image running as the service: what is needed to put it back exactly."""
 
@@ -45,6 +48,10 @@ class Release(_Frozen):
     port: int
     verdict: str | None = None  # gate verdict it was promoted with ("first" bars-only included)
     at: str  # ISO 8601 UTC of promotion
+    # which of the service's two units runs it: "main" (<service>.service) or "staging"
+    # (<service>-candidate.service), where a side-by-side promotion through the gateway
+    # commits a candidate without restarting it (docs/host-lifecycle.md, "Two units")
+    slot: Slot = "main"
 
     @property
     def key(self) -> str:
@@ -73,6 +80,15 @@ class HostState(_Frozen):
     last_image: str | None = None
     last_at: str | None = None
     pending: Pending | None = None
+
+    @property
+    def slot(self) -> Slot:
+        """The unit the committed release runs as (the main unit when nothing is deployed)."""
+        return self.current.slot if self.current else "main"
+
+
+def other(slot: Slot) -> Slot:
+    return "staging" if slot == "main" else "main"
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,21 @@ class HostPaths:
     def candidate_paths(self) -> tuple[str, ...]:
         """Where the candidate unit is (/run), then where earlier stackbuild versions left it (/etc)."""
         return f"{self.runtime_dir}/{self.candidate_unit}", self.unit_path(self.candidate_unit)
+
+    def unit_of(self, slot: Slot) -> str:
+        """The unit a release in `slot` runs as (its container has the unit's name)."""
+        return self.main_unit if slot == "main" else self.candidate_unit
+
+    def runs_from(self, slot: Slot, *, serving: bool) -> str:
+        """Where a release under test in `slot` runs from, in /run (gone on a reboot): the serving
+        unit's override (read before its committed file in /etc), or the free unit's own file."""
+        unit = self.unit_of(slot)
+        return f"{self.override_dir}/{unit}" if serving else f"{self.runtime_dir}/{unit}"
+
+    def files_of(self, slot: Slot) -> tuple[str, ...]:
+        """Every place a unit file of `slot` may be: /run's two (under test), then /etc's (committed)."""
+        unit = self.unit_of(slot)
+        return f"{self.override_dir}/{unit}", f"{self.runtime_dir}/{unit}", self.unit_path(unit)
 
     @property
     def switch_unit(self) -> str:

@@ -30,15 +30,17 @@ REMOVE_SCRIPT = (
     'for p in "$@"; do if [ -e "$p" ]; then rm -f "$p" && r=1; fi; done; '
     'if [ -n "$r" ]; then systemctl daemon-reload; fi; true'
 )
-# The commit of a release as the main unit: its text into /etc (atomic rename), the /run override
-# dropped, enabled (only now: `enable` links the first file found, and /run's must be gone), the new
-# host state ($5) renamed over the state file ($6), then what the transaction no longer needs (the
-# rest: the secrets backup) removed, in one host-side command. A client killed or disconnected
+# The commit of a release as its unit ($4): its text into /etc (atomic rename), the /run file it ran
+# from dropped, enabled (only now: `enable` links the first file found, and /run's must be gone), the
+# service's other unit ($7) disabled (a boot starts one release), the new host state ($5) renamed
+# over the state file ($6), then what the transaction no longer needs (the rest: the other unit's
+# files, the secrets backup) removed, in one host-side command. A client killed or disconnected
 # never splits it; only power lost between the renames does, and then the state still carries its
 # pending marker, so the next run converges the host.
 COMMIT_SCRIPT = (
     'install -m 0644 "$1" "$2.stackbuild-tmp" && mv -f "$2.stackbuild-tmp" "$2" && rm -f "$3" '
-    '&& systemctl daemon-reload && systemctl enable --quiet "$4" && mv -f "$5" "$6" && shift 6 && rm -f "$@"'
+    '&& systemctl daemon-reload && systemctl enable --quiet "$4" && { systemctl disable --quiet "$7" 2>/dev/null; '
+    'true; } && mv -f "$5" "$6" && shift 7 && rm -f "$@" && systemctl daemon-reload'
 )
 LOGS_SCRIPT = (
     'echo "== journalctl -u $1"; '
@@ -113,10 +115,12 @@ def install(remote: Remote, staged: str, unit_path: str) -> None:
 
 
 def commit(remote: Remote, unit: str, unit_paths: tuple[str, str, str], state: tuple[str, str],
-           drop: tuple[str, ...]) -> None:
-    """COMMIT_SCRIPT: unit_paths (staged, /etc, /run override): the staged text becomes the enabled
-    main unit; then state (staged, state file) is renamed into place and `drop` removed."""
-    remote.run(sh_argv(COMMIT_SCRIPT, *unit_paths, unit, *state, *drop), what=f"commit {unit} (installed, enabled)")
+           retire: str, drop: tuple[str, ...]) -> None:
+    """COMMIT_SCRIPT: unit_paths (staged, /etc, the /run file it ran from): the staged text becomes
+    the enabled `unit`, `retire` is disabled; then state (staged, state file) is renamed into place
+    and `drop` removed."""
+    remote.run(sh_argv(COMMIT_SCRIPT, *unit_paths, unit, *state, retire, *drop),
+               what=f"commit {unit} (installed, enabled)")
 
 
 def switch_unit_text(script: str, args: list[str]) -> str:

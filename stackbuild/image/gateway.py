@@ -10,14 +10,23 @@ gateway into a plain venv (what the tests run).
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from stackbuild.errors import InputError
-from stackbuild.render.gateway import render_gateway
+from stackbuild.errors import InfraError, InputError
+from stackbuild.image import buildkit, engine
+from stackbuild.image import registry as reg
+from stackbuild.paths import cache_dir
+from stackbuild.render.gateway import gateway_image_ref, render_gateway
 from stackbuild.spec.gateway_check import gateway_target, lock_command, lock_text
 from stackbuild.spec.lock import resolve, wheels
 from stackbuild.spec.stack import Stack
+
+BUILD_TIMEOUT_S = 3600  # apt and seven wheels, nothing compiled
 
 
 def wheelhouse(stack: Stack, dest: Path) -> list[Path]:
@@ -46,3 +55,34 @@ def context(stack: Stack, dest: Path) -> Path:
             (dest / rel.removeprefix("gateway/")).write_text(text, encoding="utf-8")
     wheelhouse(stack, dest / "wheels")
     return dest
+
+
+def pinned(ref: str, digest: str) -> str:
+    """REPO:TAG + digest -> REPO@digest."""
+    return f"{ref.rsplit(':', 1)[0]}@{digest}"
+
+
+def build_gateway(stack: Stack, registry: str, *, echo: Callable[[str], None], dry_run: bool = False) -> str:
+    """The gateway image in `registry` (built with BuildKit from `context` and pushed unless the registry
+    has it already: its tag is the hash of its Dockerfile and lock), pinned by digest."""
+    ref = gateway_image_ref(stack, render_gateway(stack).content_hash, registry)
+    if dry_run:
+        echo(f"would build and push the gateway image {ref} unless the registry has it, then run it by digest")
+        return pinned(ref, "sha256:" + "0" * 64)
+    try:
+        have = reg.manifest_digest(reg.parse_ref(ref))
+    except InfraError:
+        have = None
+    if have:
+        return pinned(ref, have)
+    with tempfile.TemporaryDirectory(prefix="stackbuild-gateway-") as tmp:
+        ctx = context(stack, Path(tmp) / "context")
+        builder = buildkit.find_builder()
+        log = cache_dir() / "logs" / f"gateway-{ref.rsplit('-', 1)[-1]}-{time.strftime('%Y%m%dT%H%M%S')}.log"
+        echo(f"building the gateway image {ref} with {builder.description}; log: {log}")
+        request = buildkit.BuildRequest(context=ctx, tag=ref)
+        buildkit.stream_build(buildkit.build_argv(builder, request), env=builder.env(os.environ), log_path=log,
+                              timeout=BUILD_TIMEOUT_S)
+    digest = engine.push(engine.client(), ref)
+    echo(f"pushed the gateway image {ref} ({digest})")
+    return pinned(ref, digest)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from stackbuild.render.stack import DOCKER, HASH_LEN, exec_line, make_env
+from stackbuild.render.stack import DOCKER, ENV_DIR, HASH_LEN, exec_line, make_env
 from stackbuild.spec.gateway import Gateway
 from stackbuild.spec.gateway_check import gateway_host, hostname, lock_command, lock_text
 from stackbuild.spec.stack import Stack
@@ -57,6 +57,31 @@ def docker_argv(gw: Gateway, *, image: str, workers: list[str]) -> list[str]:
     return [*head, image, *smg_argv(gw, workers)]
 
 
+# The unit starts smg with the servers its pool file names: systemd reads the file (EnvironmentFile)
+# and splits an unquoted $WORKER_URLS at whitespace into zero or more arguments (systemd.service(5),
+# "Command lines"), and `--worker-urls` takes any number (smg router_args.py: nargs="*"). stackbuild
+# rewrites that one file as servers leave and join (host/gateway.py), so a gateway restarted at any
+# moment starts with the pool as it should be, and its unit file never changes for it.
+POOL_VAR = "WORKER_URLS"
+POOL_HEADER = "# written by stackbuild: the servers the gateway starts with (it rewrites this as they leave and join)"
+
+
+def pool_file(gw: Gateway) -> str:
+    return f"{ENV_DIR}/{gw.service}.workers"
+
+
+def pool_text(workers: list[str]) -> str:
+    """The pool file: one variable, the URLs separated by spaces (each a worker_url: no space, no quote)."""
+    return f'{POOL_HEADER}\n{POOL_VAR}="{" ".join(workers)}"\n'
+
+
+def pool_urls(text: str | None) -> list[str]:
+    """The URLs a pool file names (none for a file that is absent or says nothing)."""
+    prefix = f'{POOL_VAR}="'
+    line = next((ln for ln in (text or "").splitlines() if ln.startswith(prefix) and ln.endswith('"')), "")
+    return line[len(prefix):-1].split()
+
+
 def worker_url(address: str, port: int, gateway_host: str | None) -> str:
     """A server as the gateway reaches it: over loopback when they share a host."""
     host = hostname(address)
@@ -73,14 +98,17 @@ def declared_workers(stack: Stack) -> list[str]:
     return []
 
 
-def render_gateway_unit(stack: Stack, *, image: str, workers: list[str]) -> str:
+def render_gateway_unit(stack: Stack, *, image: str) -> str:
     gw = stack.gateway
     if gw is None:
         raise ValueError(f"{stack.label} has no gateway: section")
+    var = f"${POOL_VAR}"  # left for systemd to expand: the one word not quoted literally
+    argv = docker_argv(gw, image=image, workers=[var])
     return make_env().get_template("gateway.service.j2").render(
         stack=stack,
         gw=gw,
-        exec_start=exec_line(docker_argv(gw, image=image, workers=workers)),
+        pool_file=pool_file(gw),
+        exec_start=" ".join(a if a == var else exec_line([a]) for a in argv),
         exec_pre=exec_line([DOCKER, "rm", "--force", gw.service]),
         exec_stop=exec_line([DOCKER, "stop", "--time", str(gw.shutdown_grace_s + 10), gw.service]),
     )
@@ -105,8 +133,10 @@ def render_gateway(stack: Stack, workers: list[str] | None = None) -> RenderedGa
     h.update(hashlib.sha256(lock.encode()).hexdigest().encode())
     content_hash = h.hexdigest()
     image = gateway_image_ref(stack, content_hash)
-    unit = render_gateway_unit(stack, image=image, workers=declared_workers(stack) if workers is None else workers)
+    unit = render_gateway_unit(stack, image=image)
+    pool = pool_text(declared_workers(stack) if workers is None else workers)
     return RenderedGateway(
-        {"gateway/Dockerfile": dockerfile, "gateway/requirements.lock": lock, f"units/{gw.service}.service": unit},
+        {"gateway/Dockerfile": dockerfile, "gateway/requirements.lock": lock, f"units/{gw.service}.service": unit,
+         f"units/{gw.service}.workers": pool},
         content_hash,
     )

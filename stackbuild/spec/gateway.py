@@ -14,22 +14,14 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from stackbuild.spec.kinds import Ident, ImageRef, Version, control_chars
+from stackbuild.spec.kinds import Ident, ImageRef, SshTarget, Version
 
 # smg 1.13.0 `smg launch --policy` choices (router_args.py COMMON_POLICY_CHOICES)
 Policy = Literal[
     "random", "round_robin", "passthrough", "cache_aware", "power_of_two", "least_load", "manual",
     "consistent_hashing", "prefix_hash",
 ]
-# [USER@]HOST[:PORT], an ~/.ssh/config alias, or a fleet host's name
-_HOST = re.compile(r"(?:[A-Za-z0-9._-]{1,32}@)?[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})(?::\d{1,5})?")
 _HTTP_PATH = re.compile(r"/[A-Za-z0-9._~/-]{0,200}")
-
-
-def _host(v: str) -> str:
-    if control_chars(v) or not _HOST.fullmatch(v):
-        raise ValueError("not a host: write a fleet host's name or [USER@]HOST[:PORT]")
-    return v
 
 
 def _listen(v: str) -> str:
@@ -46,7 +38,8 @@ def _http_path(v: str) -> str:
     return v
 
 
-GatewayHost = Annotated[str, AfterValidator(_host)]
+# a fleet host's name, or an address as ssh takes it: [USER@]HOST[:PORT], an ~/.ssh/config alias
+GatewayHost = SshTarget
 ListenAddress = Annotated[str, AfterValidator(_listen)]
 HttpPath = Annotated[str, AfterValidator(_http_path)]
 Port = Annotated[int, Field(ge=1, le=65535)]

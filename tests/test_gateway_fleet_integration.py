@@ -1,0 +1,156 @@
+"""A real fleet rollout behind the real gateway: zero failed requests through it.
+
+Two systemd+sshd hosts, the sim image, the gateway image built from the committed smg lock and run
+as a unit on the first host by `deploy --fleet` itself. A client streams completions through the
+gateway while a slower candidate is rolled back at the canary and a better one is promoted on both
+hosts (side-by-side: each candidate joins where it runs, the incumbent is drained and stopped);
+every request is counted by its tokens. Bounded: each rollout within its timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from test_deploy_support import (
+    REPO_ROOT,
+    HostBox,
+    SimImage,
+    free_port,
+    need_infra,
+    sim_image,  # noqa: F401  (fixture)
+)
+from test_fleet_integration import SPEC as FLEET_SPEC
+
+from stackbuild.effects.gateway import HttpGateway
+from stackbuild.gate.background import BackgroundLoad
+from stackbuild.render.gateway import pool_urls
+from stackbuild.spec.gateway_check import LOCK_DIR
+
+pytestmark = pytest.mark.integration
+
+def spec(gw_service: str, gw_port: int, gw_metrics: int) -> str:
+    """The fleet integration tests' stack (sim at high speed, tiny gate), behind its gateway: the servers
+    export /metrics (a drain counts by it), each host deploys side-by-side, the gateway's image goes to
+    the local registry."""
+    tree = yaml.safe_load(FLEET_SPEC)
+    tree["name"], tree["description"] = "gwfleet", "a fleet behind its gateway (sim at high speed, tiny gate)"
+    tree["server"]["flags"]["--enable-metrics"] = True
+    tree["host"] = {"strategy": "side-by-side", "registry": "127.0.0.1:5000/stackbuild",
+                    "fleet": {"waves": [1, "100%"]}}
+    tree["gateway"] = {"base_image": "local/debian:bookworm", "service": gw_service, "listen": "127.0.0.1",
+                       "port": gw_port, "metrics_port": gw_metrics, "policy": "round_robin",
+                       "health": {"interval_s": 2, "timeout_s": 3}, "drain_timeout_s": 30, "shutdown_grace_s": 10}
+    tree["variants"] = {v: tree["variants"][v] for v in ("good2", "slower")}
+    return yaml.safe_dump(tree, sort_keys=False)
+
+
+ROLLOUT_TIMEOUT_S = 300
+
+
+@dataclass
+class GatewayFleet:
+    root: Path
+    hosts: list[HostBox]
+    ports: list[tuple[int, int]]
+    image: SimImage
+    gw_service: str
+    gw_port: int
+
+    def service(self, i: int) -> str:
+        return f"gwfleet{i}{self.hosts[i].port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.gw_port}"
+
+    def inventory(self) -> Path:
+        lines = ["hosts:"]
+        for i, h in enumerate(self.hosts):
+            lines += [f"  - name: h{i}", f"    address: {h.target}", f"    port: {self.ports[i][0]}",
+                      f"    staging_port: {self.ports[i][1]}", f"    service: {self.service(i)}"]
+        path = self.root / "inv.yaml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "stackbuild", "--root", str(self.root), *args,
+                "--known-hosts", str(self.root / "known_hosts"), "--identity", str(self.hosts[0].key)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=ROLLOUT_TIMEOUT_S, cwd=self.root)
+
+    def rollout(self, variant: str | None) -> subprocess.CompletedProcess[str]:
+        return self.cli("deploy", "gwfleet", *(["--variant", variant] if variant else []), "--fleet",
+                        "--inventory", str(self.inventory()), "--image", self.image.ref,
+                        "--ledger", str(self.root / "ledger.db"))
+
+    def serving_urls(self) -> list[str]:
+        """Each host's committed release, at the port its state says it serves on."""
+        out = []
+        for i, h in enumerate(self.hosts):
+            st = json.loads(h.sh(f"cat /var/lib/stackbuild/{self.service(i)}/state.json").stdout)
+            out.append(f"http://127.0.0.1:{st['current']['port']}")
+        return sorted(out)
+
+
+@pytest.fixture(scope="module")
+def gw_fleet(sim_image: SimImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayFleet]:  # noqa: F811
+    from stackbuild.host import local
+
+    need_infra()
+    root = tmp_path_factory.mktemp("gwfleet")
+    tag = secrets.token_hex(3)
+    gw_service, gw_port = f"gwfleet-gateway-{tag}", free_port()
+    (root / "stacks").mkdir()
+    (root / "stacks" / "gwfleet.yaml").write_text(spec(gw_service, gw_port, free_port()))
+    shutil.copytree(REPO_ROOT / LOCK_DIR, root / LOCK_DIR)  # the gateway's hash lock, where the stack reads it
+    hosts: list[HostBox] = []
+    known = ""
+    try:
+        for i in range(2):
+            lh = local.start(root / "keys", name=f"wt22-gwfleet-{i}-{tag}")
+            hosts.append(HostBox(lh.container, lh.port, lh.key, lh.known_hosts))
+            known += lh.known_hosts.read_text()
+        (root / "known_hosts").write_text(known)
+        yield GatewayFleet(root, hosts, [(free_port(), free_port()) for _ in hosts], sim_image, gw_service, gw_port)
+    finally:
+        for i, h in enumerate(hosts):
+            local.stop(h, (f"gwfleet{i}{h.port}", *([gw_service] if i == 0 else [])))
+
+
+def test_a_rolled_back_canary_and_a_promoted_candidate_fail_no_request_through_the_gateway(
+        gw_fleet: GatewayFleet) -> None:
+    f = gw_fleet
+    base = f.rollout(None)
+    assert base.returncode == 0, base.stdout[-4000:] + base.stderr[-2000:]
+    assert f"[h0] gateway: {f.gw_service}.service started with" in base.stdout
+    with BackgroundLoad(f.url, clients=2, pause_s=0.05) as client:
+        assert client.wait_for(10, 60), client.summary()
+        slower = f.rollout("slower")
+        assert slower.returncode == 1, slower.stdout[-4000:]
+        assert "fleet: stop at canary" in slower.stdout
+        better = f.rollout("good2")
+        assert better.returncode == 0, better.stdout[-4000:]
+    print(f"through the gateway during both rollouts: {client.summary()}")  # docs/gateway.md quotes it
+    assert (client.failed, client.failures) == (0, [])
+    assert client.ok >= 50, client.summary()
+    # both hosts now serve from their staging unit (the candidate took over where it ran): the gateway
+    # routes to exactly those, and its unit's pool file names the same, for a restart
+    urls = f.serving_urls()
+    assert urls == sorted(f"http://127.0.0.1:{staging}" for _, staging in f.ports)
+    assert sorted(w.url for w in HttpGateway(f.url).workers() if w.routable) == urls
+    pool = f.hosts[0].sh(f"cat /etc/stackbuild/{f.gw_service}.workers").stdout
+    assert sorted(pool_urls(pool)) == urls
+    status = f.cli("status", "--fleet", "gwfleet", "--inventory", str(f.inventory()),
+                   "--ledger", str(f.root / "ledger.db"))
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"  gateway {f.gw_service} on port {f.gw_port}" in status.stdout
+    for i, (_, staging) in enumerate(f.ports):
+        assert f"    http://127.0.0.1:{staging} (h{i}): ready" in status.stdout, status.stdout
