@@ -10,10 +10,12 @@ scripted fake hosts (tests/helpers_fleet.py passes a `Reach` over them).
 
 from __future__ import annotations
 
-import threading
+import functools
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import Concatenate, ParamSpec
 
 from stackbuild.effects.readiness import Probe
 from stackbuild.errors import StackbuildError
@@ -30,6 +32,7 @@ from stackbuild.host.ssh import Remote, parse_host
 from stackbuild.host.state import HostPaths, read_state
 from stackbuild.host.unit_probe import unit_state
 from stackbuild.render.stack import render_unit
+from stackbuild.results.display import Event, Log, Note, Sink, Step, bind
 from stackbuild.spec.fleet import FleetHost
 from stackbuild.spec.stack import Stack
 
@@ -80,14 +83,40 @@ def sample_on(r: Remote, unit: str, health_status: int | None, probe: Probe, cou
     return Sample(health_status, ok, detail, counters, st.active, st.restarts)
 
 
+P = ParamSpec("P")
+
+
+def shown(name: str) -> Callable[[Callable[Concatenate[RealOps, str, P], str | None]],
+                                  Callable[Concatenate[RealOps, str, P], str | None]]:
+    """A FleetOps call told to the display as a phase of the host (converge, preflight, ...): it
+    starts, then ends ok when it returns None, failed (with the reason) otherwise."""
+    def wrap(fn: Callable[Concatenate[RealOps, str, P], str | None]
+             ) -> Callable[Concatenate[RealOps, str, P], str | None]:
+        @functools.wraps(fn)
+        def run(self: RealOps, host: str, /, *args: P.args, **kwargs: P.kwargs) -> str | None:
+            self.sink(Step(host, name, phase=True))
+            t0, why = time.monotonic(), "interrupted"
+            try:
+                why = fn(self, host, *args, **kwargs) or ""
+                return why or None
+            except Exception as err:
+                why = (str(err) or type(err).__name__).splitlines()[0]
+                raise
+            finally:
+                self.sink(Step(host, name, not why, round(time.monotonic() - t0, 3), why, phase=True))
+
+        return run
+
+    return wrap
+
+
 @dataclass
 class RealOps:
     run: RunOptions  # the rollout's options (run.reach: how its hosts are reached)
     hosts: dict[str, FleetHost]
     image: str  # the candidate, resolved and pinned: REPO@sha256:...
-    echo: Callable[[str], None] = print
+    sink: Sink  # the rollout's display (results/display.py): what each host does and says
     pull_timeout_s: float = 1800.0
-    _out: threading.Lock = field(default_factory=threading.Lock)
 
     def stack_of(self, host: str) -> Stack:
         hs = host_stack(self.run.stack, self.hosts[host])
@@ -103,21 +132,31 @@ class RealOps:
             r.close()
 
     def say(self, host: str, lines: list[str]) -> None:
-        with self._out:
-            for ln in lines:
-                for part in ln.splitlines() or [""]:
-                    self.echo(f"[{host}] {part}")
+        """Lines for the person about this host (and the step log)."""
+        for ln in lines:
+            self.sink(Note(ln, host))
+
+    def _phase_steps(self, host: str) -> Sink:
+        """The single-host steps inside a phase (a restore's): logged and shown, not announced plainly."""
+        feed = bind(self.sink, host)
+
+        def tell(ev: Event) -> None:
+            feed(replace(ev, phase=True) if isinstance(ev, Step) else ev)
+
+        return tell
 
     def endpoint(self, host: str, r: Remote) -> Endpoint:
         return Endpoint(r, parse_host(self.hosts[host].target), self.run.tunnel)
 
     def _converger(self, host: str, r: Remote, what: str) -> converge.Converger:
         hs = self.stack_of(host)
-        rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy=what)
+        rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy=what,
+                           live=self._phase_steps(host))
         return converge.converger_for(hs, self.endpoint(host, r), rep, self.pull_timeout_s,
                                       http_probe=self.run.reach.http_probe(r), pace=self.run.reach.pace(r))
 
     # --- FleetOps ---------------------------------------------------------------
+    @shown("converge")
     def converge(self, host: str) -> str | None:
         with self.remote(host) as r:
             did = converge.settle(r, paths_of(self.stack_of(host)), self._converger(host, r, "converge"))
@@ -125,6 +164,7 @@ class RealOps:
             self.say(host, [f"converged: {did}"])
         return None
 
+    @shown("preflight")
     def preflight(self, host: str) -> str | None:
         with self.remote(host) as r:
             return preflight_on(r, self.stack_of(host), self.image)
@@ -133,6 +173,7 @@ class RealOps:
         with self.remote(host) as r:
             return view_on(r, self.stack_of(host), self.image)
 
+    @shown("pull")
     def pull(self, host: str) -> str | None:
         with self.remote(host) as r:
             units.ensure_image(r, self.image, self.pull_timeout_s)
@@ -140,25 +181,25 @@ class RealOps:
 
     def deploy(self, host: str) -> DeployResult:
         hs = self.stack_of(host)
-        lines: list[str] = []
         reports: list[DeployReport] = []
         args = deploy_args(replace(self.run, image=self.image), stack=hs, host_text=self.hosts[host].target)
-        try:
-            code = run_deploy(args, echo=lines.append, reports=reports)
+        feed = bind(self.sink, host)
+        try:  # its steps to the rollout's display, its report and what it recorded to the rollout's log
+            code = run_deploy(args, echo=lambda text: feed(Log(text)), reports=reports, sink=feed)
         except Exception as err:
             # an error out of run_deploy may follow a promotion (a bug past the decision), so ask
             # the host what it runs rather than guess
-            lines.append(f"deploy did not finish cleanly: {(str(err) or type(err).__name__).splitlines()[0]}")
-            self.say(host, lines)
+            why = f"deploy did not finish cleanly: {(str(err) or type(err).__name__).splitlines()[0]}"
+            self.say(host, [why])
             on_candidate = self.view(host).on_candidate
             if not isinstance(err, StackbuildError) and not on_candidate:
                 raise
             if on_candidate:
-                return DeployResult("promoted", 0, None, f"promoted; {lines[-1]}")
+                return DeployResult("promoted", 0, None, f"promoted; {why}")
             return DeployResult("failed", getattr(err, "exit_code", 4), cause=str(err).splitlines()[0])
-        self.say(host, lines)
         return result_of(reports[-1], code)
 
+    @shown("soak")
     def soak(self, host: str, seconds: float, interval_s: float) -> str | None:
         hs = self.stack_of(host)
         with self.remote(host) as r, self.endpoint(host, r)(hs.runtime.port) as url:
@@ -172,6 +213,7 @@ class RealOps:
         self.say(host, [f"soak: {'held' if res.ok else 'REGRESSED'}: {res.detail}"])
         return None if res.ok else res.detail
 
+    @shown("revert")
     def revert(self, host: str) -> str | None:
         with self.remote(host) as r:
             conv = self._converger(host, r, "rollback")

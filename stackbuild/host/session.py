@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import re
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -35,10 +34,12 @@ from stackbuild.image import registry
 from stackbuild.image.build import BuildResult, build_stack
 from stackbuild.image.context import rendered_for_image
 from stackbuild.render.stack import image_ref, render_unit
+from stackbuild.results.display import Display, Log, Note, Result, Sink, bind
 from stackbuild.results.ledger import gate_plan as ledger_gate_plan
 from stackbuild.results.ledger import host_class_of, ledger_path
 from stackbuild.results.outputs import check_writable
 from stackbuild.results.recorder import Recorder
+from stackbuild.results.steplog import StepLog, deploy_log_path
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 from stackbuild.spec.stack import Stack
 
@@ -96,6 +97,7 @@ class RunOptions:
     root: Path | None = None
     secrets: dict[str, str] = field(default_factory=dict)
     reach: Reach = field(default_factory=Reach)
+    progress: bool = False  # a live view on the terminal (results/display.py); else plain lines
 
     @property
     def recorder_path(self) -> Path:
@@ -168,7 +170,8 @@ def resolve_image(args: DeployArgs, echo: Callable[[str], None],
     return pin(built.image, built.digest), built.digest
 
 
-def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callable[[str], None]) -> Services:
+def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callable[[str], None],
+              feed: Sink) -> Services:
     promote: Callable[[str], str] | None = None
     if args.stack.host.channel:
         channel = args.stack.host.channel
@@ -177,14 +180,11 @@ def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callab
             registry.promote(ref, channel=channel)
             return f"{channel} -> {ref}"
 
-    def progress(text: str) -> None:
-        print(f"stackbuild: deploy: {text}", file=sys.stderr, flush=True)
-
     def gate_plan(profile: GateProfile, stored: bool) -> str:
         return ledger_gate_plan(profile, ledger_path(args.ledger, args.root), stored=stored)
 
     return Services(
-        progress=progress,
+        progress=feed,
         render_unit=render_unit,
         gate=args.reach.gate(remote, endpoint.mode),
         endpoint=endpoint,
@@ -225,10 +225,48 @@ def run_deploy(
     args: DeployArgs,
     echo: Callable[[str], None] = print,
     reports: list[DeployReport] | None = None,
+    sink: Sink | None = None,
 ) -> int:
+    """One deploy. On its own (no `sink`) it owns the display and a step log of its own: a live
+    line (or plain stage lines) while it runs, its summary at the end. A rollout's host feeds the
+    rollout's `sink` (display and log) instead, its whole report included; `echo` is then the
+    rollout's log too."""
     address = parse_host(args.host_text)
     profile = gate_profile(args.stack, args.profile_name)
     check_local_outputs(args)
+    with ExitStack() as stack:
+        log, own = None, None
+        if sink is None:
+            if not args.dry_run:  # opened before the host: an unwritable log is exit 2, nothing touched
+                log = stack.enter_context(StepLog(deploy_log_path(args.recorder_path, args.stack.label),
+                                                  args.secrets.values()).open())
+            sink = own = Display(echo=echo, live=args.progress and not args.dry_run, log=log,
+                                 title=f"deploy {args.stack.label} -> {address} ({args.strategy})")
+            echo = own.note
+        if log:
+            echo(f"step log: {log.path}")
+        feed = bind(sink, str(address))
+        rep, digest = _deploy_on(args, address, profile, feed, echo, own or nullcontext())
+        if own:
+            own.echo(rep.render(full=args.dry_run) + (f"\n  step log: {log.path}" if log else ""))
+        if not args.dry_run:  # after the outcome: a ledger that fails now is a warning (results/recorder.py)
+            _record(args, rep, profile, digest, echo, warn=echo if own else lambda text: feed(Note(text)))
+        if args.json_out:
+            try:
+                args.json_out.write_text(rep.to_json())
+            except OSError as err:  # checked writable before the host; gone since
+                echo(f"stackbuild: deploy report not written to {args.json_out} ({err.strerror})")
+        if rep.exit_code and rep.cause:
+            echo(f"stackbuild: deploy {rep.outcome}: {rep.cause.splitlines()[0]}")
+    if reports is not None:
+        reports.append(rep)
+    return rep.exit_code
+
+
+def _deploy_on(args: DeployArgs, address: HostAddress, profile: GateProfile, feed: Sink,
+               echo: Callable[[str], None], view: AbstractContextManager[object]) -> tuple[DeployReport, str]:
+    """Connect, build unless pinned, run the flow inside `view` (the live view, entered after the
+    build drew its own), and put the host back once if the connection died."""
     # the connection and the host key first: a build can take hours, a refused key seconds
     real = args.reach.connect(address, args.ssh)
     if not args.image and not args.dry_run:
@@ -238,7 +276,7 @@ def run_deploy(
     else:
         image, digest = resolve_image(args, echo)
     remote: Remote = DryRunRemote(str(address), reader=real, echo=echo) if args.dry_run else real
-    svc = _services(args, Endpoint(remote, address, args.tunnel), real, echo)
+    svc = _services(args, Endpoint(remote, address, args.tunnel), real, echo, feed)
     req = DeployRequest(
         stack=args.stack,
         image=image,
@@ -247,26 +285,17 @@ def run_deploy(
         profile=profile,
         secrets=args.secrets,
     )
-    try:
-        with restore_on_signal():
-            rep = deploy(remote, req, svc)
-    finally:
-        remote.close()
-    if rep.needs_recovery:
-        rep = _recover_once(address, args, req, svc, rep, echo)
-    echo(rep.render())
-    if not args.dry_run:  # after the outcome: a ledger that fails now is a warning (results/recorder.py)
-        _record(args, rep, profile, digest, echo)
-    if args.json_out:
+    with view:
         try:
-            args.json_out.write_text(rep.to_json())
-        except OSError as err:  # checked writable before the host; gone since
-            echo(f"stackbuild: deploy report not written to {args.json_out} ({err.strerror})")
-    if rep.exit_code and rep.cause:
-        echo(f"stackbuild: deploy {rep.outcome}: {rep.cause.splitlines()[0]}")
-    if reports is not None:
-        reports.append(rep)
-    return rep.exit_code
+            with restore_on_signal():
+                rep = deploy(remote, req, svc)
+        finally:
+            remote.close()
+        if rep.needs_recovery:
+            rep = _recover_once(address, args, req, svc, rep, echo)
+        feed(Result(str(address), rep.outcome, rep.verdict))
+    feed(Log(rep.render()))
+    return rep, digest
 
 
 def check_local_outputs(args: DeployArgs) -> None:
@@ -344,10 +373,11 @@ def _recover_once(
 
 
 def _record(
-    args: DeployArgs, rep: DeployReport, profile: GateProfile, digest: str, echo: Callable[[str], None]
+    args: DeployArgs, rep: DeployReport, profile: GateProfile, digest: str, echo: Callable[[str], None],
+    warn: Callable[[str], None],
 ) -> None:
     outcome = rep.outcome if rep.outcome in ("promoted", "rolled-back", "refused") else "failed"
-    Recorder(args.recorder_path, note=echo, report=args.report).deploy(
+    Recorder(args.recorder_path, note=echo, warn=warn, report=args.report).deploy(
         GateResult.model_validate_json(rep.gate_json) if rep.gate_json else None,
         host=rep.host,
         stack=args.stack.name,
