@@ -152,9 +152,10 @@ def test_an_unwritable_log_is_refused_before_anything_runs(tmp_path: Path) -> No
 
 
 def test_stages_fold_steps_and_a_new_step_is_a_stage_of_its_own() -> None:
-    assert stage_times([("lock", 1.0), ("pull", 2.0), ("start", 1.0), ("ready", 3.0), ("gate", 5.0),
-                        ("switch", 1.0), ("ready", 2.0), ("promote", 0.5), ("drain", 4.0)]) == [
-        ("prepare", 3.0), ("start", 4.0), ("gate", 5.0), ("promote", 3.5), ("drain", 4.0)]
+    assert stage_times([("lock", 1.0), ("state", 0.5), ("recover", 6.0), ("pull", 2.0), ("start", 1.0),
+                        ("ready", 3.0), ("gate", 5.0), ("switch", 1.0), ("ready", 2.0), ("promote", 0.5),
+                        ("drain", 4.0)]) == [
+        ("prepare", 3.5), ("recover", 6.0), ("start", 4.0), ("gate", 5.0), ("promote", 3.5), ("drain", 4.0)]
     assert [clock_text(s) for s in (0.4, 59.9, 60, 3725)] == ["0s", "59s", "1m00s", "62m05s"]
 
 
@@ -226,3 +227,30 @@ def test_a_rollouts_log_holds_every_host_step_and_its_table(tmp_path: Path) -> N
     assert "| h2 | 2 | promoted | pass |  |  |" in lines
     assert run.out[0].endswith(f"; every step in {log}") and run.out[-1].endswith(f"; every step in {log}")
     assert not any(ln.startswith("[h") for ln in run.out)  # nothing per step on the rollout's output
+
+
+def test_a_deploys_summary_is_its_stage_times_and_the_steps_a_person_must_read() -> None:
+    from stackbuild.host.outcome import Step as Done
+
+    rep = DeployReport(host="root@gpu1", service="s", stack="sim", image="img", strategy="swap")
+    secrets = "/etc/s.env: set A; neither given nor on the host, the server gets none: B"
+    rep.steps = [Done("lock", True, 0.1, "broke a stale lock (deploy sim, pid 7)"), Done("state", True, 0.1),
+                 Done("recover", True, 3.0, "an interrupted deploy of img0 was pending"),
+                 Done("secrets", True, 0.2, secrets),
+                 Done("start", True, 0.5, "s.service on port 1"), Done("ready", False, 60.0, "crashed: boom"),
+                 Done("restore", True, 2.0, "s.service runs img0"), Done("verify serving", True, 1.0, "ready")]
+    rep.outages = [(0.0, 3.5)]
+    rep.finish("rolled-back", "candidate crashed on start: boom")
+    assert rep.render(full=False).splitlines() == [
+        "deploy sim -> root@gpu1 (s, swap)",
+        "  image: img",
+        "  took 66.90s: prepare 0.40s, recover 3.00s, start 60.50s, rollback 3.00s",
+        "  ok   lock              0.10s  broke a stale lock (deploy sim, pid 7)",
+        "  ok   recover           3.00s  an interrupted deploy of img0 was pending",
+        "  ok   secrets           0.20s  /etc/s.env: set A; neither given nor on the host, the server gets none: B",
+        "  FAIL ready            60.00s  crashed: boom",
+        "  outcome: rolled-back (exit 1)",
+        "  cause: candidate crashed on start: boom",
+        "  downtime: 3.50s in 1 outage(s) (incumbent stop -> a server serving again)",
+    ]
+    assert len(rep.render().splitlines()) == 2 + 8 + 3  # the full form: every step, no stage times

@@ -98,7 +98,7 @@ class DeployReport:
 
     def render(self, full: bool = True) -> str:
         """Every step with its detail (full: the step log, `rollback`), or the summary a deploy ends
-        with: the time each stage took, and only the steps that failed."""
+        with: the time each stage took, and only the steps that failed or warn."""
         lines = [
             f"deploy {self.stack} -> {self.host} ({self.service}, {self.strategy})",
             f"  image: {self.image}",
@@ -106,7 +106,7 @@ class DeployReport:
         if not full and self.steps:
             stages = display.stage_times((s.name, s.seconds) for s in self.steps)
             lines.append(f"  took {sum(t for _, t in stages):.2f}s: " + ", ".join(f"{n} {t:.2f}s" for n, t in stages))
-        for s in self.steps if full else [s for s in self.steps if not s.ok]:
+        for s in self.steps if full else [s for s in self.steps if _worth_a_line(s)]:
             mark = "ok  " if s.ok else "FAIL"
             lines.append(f"  {mark} {s.name:<14} {s.seconds:7.2f}s  {s.detail}")
         lines.append(f"  outcome: {self.outcome} (exit {self.exit_code})")
@@ -126,6 +126,16 @@ class DeployReport:
                 "(incumbent stop -> a server serving again)"
             )
         return "\n".join(lines)
+
+
+# An ok step whose detail a person must still read: what an earlier run left was put back (a
+# stale lock, a pending deploy), or the server starts without a secret it names (host/deploy.py).
+_WARNINGS = ("broke a stale lock", "the server gets none")
+
+
+def _worth_a_line(s: Step) -> bool:
+    """In a deploy's summary: the steps that failed, and the ok ones that did something out of the ordinary."""
+    return not s.ok or display.stage_of(s.name, "") == "recover" or any(w in s.detail for w in _WARNINGS)
 
 
 def _first_line(err: BaseException) -> str:

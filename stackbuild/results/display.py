@@ -5,7 +5,7 @@ owns the terminal and the step log.
   its stage, the step running, how long the stage has taken, its verdict. Notes print above it;
   it is erased at the end, where the caller prints its summary.
 - plain (a pipe, CI, tests, `--no-progress`): the notes, and one line per host each time its
-  stage changes (prepare, start, gate, promote or rollback); never a line per step.
+  stage changes (prepare, start, gate, promote or rollback; recover); never a line per step.
 
 Every event also goes to the step log (steplog.py) with its time: each step as it starts and
 as it ends with its whole detail, each note, the full reports. The display is fed from the
@@ -82,13 +82,15 @@ def bind(sink: Sink, host: str) -> Sink:
 # side-by-side switch is part of the promotion: the candidate moves onto the serving port. A step
 # not named here is a stage of its own, so a new step shows up rather than hides.
 STAGES: dict[str, str | None] = {
-    "lock": "prepare", "state": "prepare", "recover": "prepare", "preflight": "prepare", "pull": "prepare",
+    "lock": "prepare", "state": "prepare", "preflight": "prepare", "pull": "prepare",
     "stage unit": "prepare", "kernel check": "prepare", "baseline": "prepare", "mark pending": "prepare",
     "secrets": "prepare",
     "start": "start", "ready": None,
     "gate": "gate",
     "switch": "promote", "promote": "promote", "channel": "promote",
-    "restore": "rollback", "verify serving": "rollback", "recovered": "rollback",
+    "restore": "rollback", "verify serving": "rollback",
+    # what an interrupted run left, put back first (or after a lost connection): worth its own line
+    "recover": "recover", "recovered": "recover",
 }
 
 
