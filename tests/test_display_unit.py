@@ -112,6 +112,21 @@ def test_live_mode_draws_on_the_terminal_and_erases_itself_at_the_end() -> None:
     assert progress == ["[h] promote"]
 
 
+def test_on_a_terminal_notes_print_above_the_live_view_through_rich() -> None:
+    buf = io.StringIO()
+    out: list[str] = []
+    d = Display(echo=out.append, progress=lambda _: None, live=True, stdout_is_terminal=True,
+                console=Console(file=buf, force_terminal=True, width=80, color_system=None))
+    with d:
+        d(Step("h", "gate"))
+        d(Note("a note", "h"))
+    assert out == []  # not written past rich (click.echo would land inside the view)
+    drawn = buf.getvalue()
+    assert "[h] a note\n" in drawn and drawn.index("[h] a note") > drawn.index("\x1b[2K")  # the view erased first
+    d(Note("after"))
+    assert out == ["after"]
+
+
 def test_the_log_gets_every_step_as_it_starts_and_ends_and_every_note(tmp_path: Path) -> None:
     clock = Clock()
     with StepLog(tmp_path / "logs" / "x.log", now=lambda: NOW).open() as log:

@@ -134,7 +134,7 @@ class Display:
 
     def __init__(self, *, echo: Callable[[str], None], live: bool = False, log: StepLog | None = None,
                  title: str = "", progress: Callable[[str], None] = _stderr, console: Console | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, stdout_is_terminal: bool | None = None) -> None:
         self.echo = echo  # notes (stdout)
         self.progress = progress  # plain stage lines (stderr)
         self.log = log
@@ -146,6 +146,9 @@ class Display:
         self._console = console
         self._live: Live | None = None
         self._want_live = live
+        # a note printed on the terminal while the live view is drawn must go through rich, above
+        # the view: click.echo writes to the stream it wrapped first, past rich's redirection
+        self._notes_above = sys.stdout.isatty() if stdout_is_terminal is None else stdout_is_terminal
 
     # --- lifecycle ------------------------------------------------------------
     def __enter__(self) -> Display:
@@ -157,8 +160,8 @@ class Display:
             # stdout goes above the live view only when it is the same terminal; a piped stdout
             # is left alone (rich would send its lines to the terminal instead)
             self._live = Live(get_renderable=self.view, console=console, refresh_per_second=4, transient=True,
-                              redirect_stdout=sys.stdout.isatty())
-            self._live.start()
+                              redirect_stdout=self._notes_above)
+            self._live.start(refresh=True)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
@@ -183,8 +186,12 @@ class Display:
         with self._lock:
             said, plain = self._take(ev)
         with self._out:
+            live = self._live
             for line in said:
-                self.echo(line)
+                if live is not None and self._notes_above:
+                    live.console.print(line, markup=False, highlight=False, soft_wrap=True)
+                else:
+                    self.echo(line)
             for line in plain:
                 self.progress(line)
 
