@@ -255,6 +255,15 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixt
     mp.undo()
 
 
+@pytest.fixture(autouse=True)
+def unit_tests_reach_no_daemon(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test not marked integration has no Docker daemon: a code path that would build or pull for
+    real fails at once (the same on a machine with a daemon as without one) instead of quietly
+    building an image in a unit test."""
+    if request.node.get_closest_marker("integration") is None:
+        monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/stackbuild-unit-test/docker.sock")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """An xdist worker hands the figures its tests measured to the controller (no shared file)."""
     from test_deploy_support import FIGURES

@@ -30,6 +30,7 @@ from stackbuild.host.session import Reach, RunOptions
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions
 from stackbuild.host.state import HostState
 from stackbuild.render.gateway import pool_file, pool_urls
+from stackbuild.results.display import Sink
 from stackbuild.spec.fleet import Fleet, FleetHost
 from stackbuild.spec.gateway import Gateway as GatewaySpec
 from stackbuild.spec.stack import Stack
@@ -255,9 +256,8 @@ def rollout(fakes: dict[str, FakeHost], stack: Stack, tmp: Path, gates: dict[str
         f.client = client
     run = FleetRun([], [])
 
-    def make_ops(opts: RunOptions, hosts: dict[str, FleetHost], image: str, echo: Callable[[str], None]
-                 ) -> TracedOps:
-        ops = TracedOps(run=opts, hosts=hosts, image=image, echo=echo)
+    def make_ops(opts: RunOptions, hosts: dict[str, FleetHost], image: str, sink: Sink) -> TracedOps:
+        ops = TracedOps(run=opts, hosts=hosts, image=image, sink=sink)
         run.ops.append(ops)
         return ops
 

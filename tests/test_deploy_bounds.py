@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from stackbuild.errors import InfraError
 from stackbuild.host.deploy import hold_bound_s
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.request import DeployRequest
 from stackbuild.host.state import LockOwner, is_stale, me
+from stackbuild.results.display import Event, Step
 from stackbuild.spec.load import load_stack
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 from stackbuild.spec.stack import Stack
@@ -42,12 +46,15 @@ def test_hold_bound_counts_every_step_at_its_timeout(tmp_path: Path) -> None:
 
 
 def test_report_tells_each_step_as_it_starts_and_ends() -> None:
-    told: list[str] = []
+    told: list[Event] = []
     rep = DeployReport(host="h", service="s", stack="x", image="i", strategy="swap", live=told.append)
     with rep.step("pull") as st:
-        assert told == ["pull ..."]
+        assert told == [Step("h", "pull")]
         st.detail = "pulled"
-    assert told == ["pull ...", "pull ok (0.0s) pulled"]
+    assert told == [Step("h", "pull"), Step("h", "pull", True, rep.steps[0].seconds, "pulled")]
+    with pytest.raises(InfraError), rep.step("gate"):
+        raise InfraError("the server went away\nmore")
+    assert told[-1] == Step("h", "gate", False, rep.steps[1].seconds, "the server went away")
     assert '"live"' not in rep.to_json()
 
 

@@ -92,7 +92,7 @@ def test_a_reboot_while_a_candidate_is_gated_boots_the_promoted_release(project:
     seen = []
     for line in proc.stdout:  # the gate's start, told as it happens: the candidate runs
         seen.append(line)
-        if "deploy: gate ..." in line:
+        if line.rstrip().endswith("] gate"):  # the plain line of the gate stage starting
             break
     else:
         pytest.fail("".join(seen))

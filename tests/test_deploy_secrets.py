@@ -77,5 +77,8 @@ def test_operator_secrets_survive_deploys(project: Project) -> None:
     assert p.host.sh(f"cat {env_file}").stdout == OPERATOR.replace("operator-value", '"new-value"')
     assert _container_token(p) == "new-value"
     assert p.host.sh(f"ls /var/lib/stackbuild/{p.service}/ /etc/stackbuild/").stdout.count("env") == 1
+    logs = sorted((p.ledger.parent / "logs").glob("deploy-*.log"))  # each deploy's step log
+    assert len(logs) >= 3 and all("secrets ok" in f.read_text() for f in logs[-3:])
+    assert not [f for f in logs if "candidate-value" in f.read_text() or "new-value" in f.read_text()]
 
 

@@ -42,7 +42,7 @@ def test_sigterm_mid_gate_restores_the_incumbent(project: Project) -> None:
     seen = []
     for line in proc.stdout:  # the gate's start, told as it happens
         seen.append(line)
-        if "deploy: gate ..." in line:
+        if line.rstrip().endswith("] gate"):  # the plain line of the gate stage starting
             break
     else:
         pytest.fail("".join(seen))

@@ -13,20 +13,28 @@ import pytest
 from helpers_deploy import CANDIDATE, INCUMBENT, PATHS, FakeGate
 from helpers_fleet import FakeReach, fake_fleet, fleet_args, fleet_stack, look
 
+from stackbuild.errors import InfraError
 from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.status import latest_rollout, read_fleet
 from stackbuild.host.fake import FakeHost, crashes
 from stackbuild.host.ssh import SshOptions
 from stackbuild.host.state import LockOwner, Pending
+from stackbuild.results.display import Event, Log, Note, Step
 from stackbuild.results.ledger import Ledger
 from stackbuild.spec.stack import Stack
 
 
 def ops_for(fakes: dict[str, FakeHost], stack: Stack, tmp: Path, **gates: object) -> tuple[RealOps, list[str]]:
-    """The rollout's ops, its gateway brought up on h0 first (what a rollout does before any deploy)."""
+    """The rollout's ops, its gateway brought up on h0 first (what a rollout does before any deploy),
+    and what they said or logged about each host, one line each: `[host] text`."""
     out: list[str] = []
+
+    def sink(ev: Event) -> None:
+        if isinstance(ev, Note | Log):
+            out.extend(f"[{ev.host}] {ln}" for ln in ev.text.splitlines())
+
     args = fleet_args(fakes, stack, tmp, gates)  # type: ignore[arg-type]
-    ops = RealOps(run=args, hosts={h.name: h for h in stack.host.hosts}, image=CANDIDATE, echo=out.append)
+    ops = RealOps(run=args, hosts={h.name: h for h in stack.host.hosts}, image=CANDIDATE, sink=sink)
     assert ops.gateway() is None, out
     out.clear()
     return ops, out
@@ -183,6 +191,45 @@ def test_a_rollout_refreshes_the_report_once_when_it_ends(tmp_path: Path) -> Non
     fakes = fake_fleet()
     run = rollout(fakes, fleet_stack("swap"), tmp_path)
     assert run.code == 0
-    reports = [ln for ln in run.out if ln.startswith("report: ")]
+    (log,) = (tmp_path / "logs").iterdir()  # what the ledger recorded goes to the rollout's step log
+    reports = [ln.partition(" ")[2] for ln in log.read_text().splitlines() if " report: " in ln]
     assert reports == [f"report: {tmp_path / 'report.md'}"]
     assert (tmp_path / "report.md").read_text().count("| sim |") >= 1
+
+
+def test_a_hosts_ledger_rows_go_to_the_log_and_a_row_not_recorded_to_the_screen(tmp_path: Path) -> None:
+    fakes = fake_fleet()
+    said: list[Event] = []
+    ledger = tmp_path / "ledger.db"
+
+    def gate(*a: object) -> object:
+        ledger.write_bytes(b"not a database" * 100)  # clobbered while the candidate is gated
+        return FakeGate(fakes["h1"])(*a)  # type: ignore[arg-type]
+
+    stack = fleet_stack("swap", gateway=False)  # the host's own deploy, not the gateway's drain around it
+    ops = RealOps(run=fleet_args(fakes, stack, tmp_path, {"h1": gate}),
+                  hosts={h.name: h for h in stack.host.hosts}, image=CANDIDATE, sink=said.append)
+    assert ops.deploy("h1").outcome == "promoted"
+    notes = [e for e in said if isinstance(e, Note)]
+    assert len(notes) == 1 and notes[0].host == "h1"
+    assert notes[0].text.startswith(f"stackbuild: ledger: the deploy of {CANDIDATE} to root@h1 (promoted) NOT recorded")
+    assert any(isinstance(e, Log) and e.text.startswith("deploy sim -> root@h1") for e in said)  # its whole report
+
+
+def test_each_phase_on_a_host_is_told_as_it_starts_and_ends_with_why_it_failed(tmp_path: Path) -> None:
+    fakes = fake_fleet()
+    fakes["h1"].docker_version = None
+    said: list[Event] = []
+    stack = fleet_stack("swap")
+    args = fleet_args(fakes, stack, tmp_path, {})
+    args.reach.down.add("h2")  # type: ignore[attr-defined]
+    ops = RealOps(run=args, hosts={h.name: h for h in stack.host.hosts}, image=CANDIDATE, sink=said.append)
+    assert ops.preflight("h0") is None and ops.preflight("h1") is not None
+    with pytest.raises(InfraError):
+        ops.pull("h2")
+    ends = [(e.host, e.name, e.ok, e.detail) for e in said if isinstance(e, Step) and e.ok is not None]
+    assert ends == [("h0", "preflight", True, ""),
+                    ("h1", "preflight", False, "docker: docker is not usable: Cannot connect to the Docker daemon "
+                     "at unix:///var/run/docker.sock.; install/start it"),
+                    ("h2", "pull", False, "cannot connect to h2 over SSH: Connection refused")]
+    assert all(e.phase for e in said if isinstance(e, Step))  # the rollout announces these, not each host

@@ -250,7 +250,7 @@ def test_a_gateway_port_another_process_holds_refuses_the_rollout_before_any_ser
     timeline, client = traced(fakes, gw)
     run = rollout(fakes, fleet_stack("swap"), tmp_path, gates(fakes, timeline), die_before=client, gw=gw)
     assert run.code == 4
-    assert ("fleet: refused: gateway: root@h0: cannot run the gateway there: port 31080 (gateway.port) is in use by "
-            "another process: free it or change gateway.port; no server was changed") in run.out
+    assert (": refused (exit 4): gateway: root@h0: cannot run the gateway there: port 31080 (gateway.port) is in use "
+            "by another process: free it or change gateway.port; no server was changed; every step in ") in run.out[-1]
     assert [state(f).current.image for f in fakes.values()] == [INCUMBENT] * 3  # type: ignore[union-attr]
     assert not [e for e in timeline if " stop " in e or " start " in e]

@@ -261,3 +261,15 @@ def test_kernel_check_failure_rejects_the_candidate_with_the_last_line() -> None
     bad = Host(1, "Traceback...\nImportError: libcuda.so.1: cannot open shared object file\n")
     with pytest.raises(GateFailed, match=r"do not import on this host's GPUs: ImportError: libcuda.so.1"):
         units.kernel_check(bad, ["docker", "run"])  # type: ignore[arg-type]
+
+
+def test_stages_display_says_each_stage_once_all_its_steps_are_done() -> None:
+    from stackbuild.image.build import _progress
+
+    said: list[str] = []
+    with _progress("stages", said.append) as feed:
+        for ln in ["#1 [internal] load build definition from Dockerfile", "#1 DONE 0.0s",
+                   "#5 [torch 1/2] RUN sleep 30", "#6 [sglang 1/1] COPY x /x", "#6 CACHED",
+                   "#5 DONE 30.1s", "#7 [torch 2/2] RUN true", "#7 DONE 0.2s"]:
+            feed(ln)
+    assert said == ["built stage sglang (1/1)", "built stage torch (2/2)"]

@@ -66,6 +66,19 @@ def test_after_the_outcome_a_failed_write_is_one_warning_line(tmp_path: Path) ->
     assert not (tmp_path / "report.md").exists()
 
 
+def test_warnings_go_to_their_own_channel_when_given_one(tmp_path: Path) -> None:
+    said: list[str] = []
+    warned: list[str] = []
+    rec = Recorder(tmp_path / "ledger.db", note=said.append, warn=warned.append)
+    (tmp_path / "report.md").mkdir()  # the report's name is taken by a directory
+    rec.gate(gate_result("pass", name="cand"))
+    rec.path.write_bytes(GARBAGE)
+    rec.gate(gate_result("pass", name="cand2"))
+    assert said == [f"ledger: recorded cand in {rec.path}"]  # a rollout logs these; it shows the warnings
+    assert [w.split(" (", 1)[0] for w in warned] == [
+        "stackbuild: report: not updated", f"stackbuild: ledger: cand2 NOT recorded in {rec.path}"]
+
+
 def test_a_report_that_cannot_be_written_is_a_warning_and_the_row_stays(tmp_path: Path) -> None:
     rec, lines = recorder(tmp_path)
     (tmp_path / "report.md").mkdir()  # the report's name is taken by a directory

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from stackbuild.cli.demo_gateway import client, gateway_port, on_port
+from stackbuild.cli.progress import progress_option, wants_live
 from stackbuild.errors import InfraError
 from stackbuild.host.outcome import DeployReport
 
@@ -47,8 +48,10 @@ HOST_CONTAINER = "stackbuild-demo-host"
     default=None,
     help="Start N local hosts and roll the sim stack out as a fleet: baseline, a failing and a passing candidate.",
 )
+@progress_option
 @click.pass_context
-def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str, fleet_n: int | None) -> None:
+def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str, fleet_n: int | None,
+             show_progress: bool | None) -> None:
     """Whole pipeline on the local sim stack and a local test host; prints the results table."""
     from stackbuild.host import local
     from stackbuild.host.session import DeployArgs, pin, run_deploy
@@ -67,7 +70,8 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str,
     ledger = default_ledger_path(root)
     recorder = Recorder(ledger)
     recorder.check()
-    built = build_stack(base, registry=registry, push=True)
+    # the build's lines are in its log: a line per stage here, or its bars on a terminal
+    built = build_stack(base, registry=registry, push=True, progress="tty" if wants_live(show_progress) else "stages")
     if not built.digest:
         raise InfraError("demo: the build pushed no digest; cannot deploy by digest")
     image = pin(built.image, built.digest)
@@ -76,7 +80,8 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str,
     if fleet_n:
         from stackbuild.cli.demo_fleet import run_demo_fleet
 
-        run_demo_fleet(fleet_n, root, (ctx.obj or {}).get("root"), image, registry, ledger, keep_host, click.echo)
+        run_demo_fleet(fleet_n, root, (ctx.obj or {}).get("root"), image, registry, ledger, keep_host, click.echo,
+                       progress=wants_live(show_progress))
         return
 
     work = root / ".stackbuild" / "demo"
@@ -102,6 +107,7 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str,
                     registry=registry,
                     ledger=ledger,
                     root=root,
+                    progress=wants_live(show_progress),
                 )
                 codes.append((variant, run_deploy(args, echo=click.echo, reports=reports)))
                 if len(codes) == 1 and codes[0][1] == 0:  # the baseline serves: so does the gateway

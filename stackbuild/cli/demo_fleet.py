@@ -35,7 +35,7 @@ def inventory_text(hosts: list[tuple[str, int, int]]) -> str:
 
 
 def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, registry: str, ledger: Path,
-                   keep: bool, echo: Callable[[str], None]) -> None:
+                   keep: bool, echo: Callable[[str], None], progress: bool = False) -> None:
     from stackbuild.effects.net import free_port
     from stackbuild.fleet.session import FleetArgs, run_fleet
     from stackbuild.fleet.status import latest_rollout, read_fleet, read_gateway, render
@@ -64,7 +64,7 @@ def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, regist
             echo(f"\n=== deploy sim{' --variant ' + variant if variant else ''} --fleet: {what}")
             stack = on_port(load_stack("sim", root=root_opt, variant=variant), port)
             code = run_fleet(FleetArgs(stack=stack, ssh=ssh, inventory=inv, image=image, registry=registry,
-                                       ledger=ledger, root=root, profile_name="busy"), echo=echo)
+                                       ledger=ledger, root=root, profile_name="busy", progress=progress), echo=echo)
             codes.append(code)
             if code != want:
                 raise InfraError(f"demo --fleet: the {variant or 'baseline'} rollout exited {code}, expected {want}; "

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from stackbuild.cli.progress import progress_option, wants_live
 from stackbuild.errors import InputError
 
 _SSH_OPTIONS = [
@@ -123,6 +124,7 @@ def _root(ctx: click.Context) -> Path:
 )
 @click.option("--soak", "soak_s", type=click.FloatRange(min=0), default=None,
               help="With --fleet: seconds to watch each wave after it is promoted (default: host.fleet.soak_s).")
+@progress_option
 @click.pass_context
 def deploy_cmd(
     ctx: click.Context,
@@ -146,10 +148,13 @@ def deploy_cmd(
     inventory: Path | None,
     on_failure: str | None,
     soak_s: float | None,
+    show_progress: bool | None,
 ) -> None:
     """Deploy STACK to a host over SSH, gate it against the incumbent, promote or roll back.
 
     With --fleet: to every host of the fleet, a canary first, then waves (see README "Fleet").
+    While it runs: a live line per host (plain lines when not on a terminal); every step goes to
+    a log file beside the ledger, whose path is printed.
     """
     from stackbuild.host.session import DeployArgs, run_deploy
     from stackbuild.spec.load import load_stack
@@ -179,6 +184,7 @@ def deploy_cmd(
             ledger=ledger,
             root=_root(ctx),
             secrets={n: os.environ[n] for n in stack.runtime.secrets if n in os.environ},
+            progress=wants_live(show_progress),
         )
         _exit(run_fleet(fargs, echo=click.echo))
         return
@@ -196,6 +202,7 @@ def deploy_cmd(
         json_out=json_out,
         dry_run=dry_run,
         secrets={n: os.environ[n] for n in stack.runtime.secrets if n in os.environ},
+        progress=wants_live(show_progress),
     )
     if not args.host_text:
         raise InputError(f"{stack.source}: no host: pass --host [USER@]HOST[:PORT] or set host.address in the spec")

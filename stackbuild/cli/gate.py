@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from stackbuild.cli.progress import progress_option, wants_live
 from stackbuild.errors import InputError
 
 
@@ -236,8 +237,7 @@ def _plan(ctx: click.Context, profile: Any, ledger: Path | None, *, stored: bool
 @click.option("--min-tok-s-c1", type=float)
 @click.option("--max-ttft-p99-ms", type=float)
 @click.option("--max-failed-requests", type=click.IntRange(min=0))
-@click.option("--progress/--no-progress", "show_progress", default=None,
-              help="live display (default: on when stderr is a terminal)")
+@progress_option
 @click.pass_context
 def gate_cmd(ctx: click.Context, /, url: str | None, baseline_file: Path | None,
              baseline_url: str | None, stack: str | None, profile_name: str | None, name: str,
@@ -246,8 +246,6 @@ def gate_cmd(ctx: click.Context, /, url: str | None, baseline_file: Path | None,
              level_tolerance: tuple[str, ...], slo: str | None, traffic_file: Path | None,
              plan_only: bool, show_progress: bool | None, **overrides: Any) -> None:
     """Measure a server against an incumbent and decide: exit 0 pass, 1 fail, 3 inconclusive."""
-    import sys
-
     from pydantic import ValidationError
 
     from stackbuild.errors import GateFailed, GateInconclusive
@@ -282,8 +280,7 @@ def gate_cmd(ctx: click.Context, /, url: str | None, baseline_file: Path | None,
         raise InputError("--url: missing; give the candidate server's URL, or --plan to "
                          "only see how long the gate would take")
     baseline = read_json(baseline_file) if baseline_file else None
-    live = sys.stderr.isatty() if show_progress is None else show_progress
-    if live:
+    if wants_live(show_progress):
         from stackbuild.gate.progress import LiveProgress
 
         with LiveProgress() as prog:

@@ -10,10 +10,12 @@ scripted fake hosts (tests/helpers_fleet.py passes a `Reach` over them).
 
 from __future__ import annotations
 
-import threading
+import functools
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import Concatenate, ParamSpec
 
 from stackbuild.effects.readiness import Probe
 from stackbuild.errors import EXIT_INFRA, StackbuildError
@@ -34,6 +36,7 @@ from stackbuild.host.state import HostPaths, read_state
 from stackbuild.host.unit_probe import unit_state
 from stackbuild.render.gateway import worker_url
 from stackbuild.render.stack import render_unit
+from stackbuild.results.display import Event, Log, Note, Sink, Step, bind
 from stackbuild.spec.fleet import FleetHost
 from stackbuild.spec.gateway_check import hostname
 from stackbuild.spec.stack import Stack
@@ -87,14 +90,40 @@ def sample_on(r: Remote, unit: str, health_status: int | None, probe: Probe, cou
     return Sample(health_status, ok, detail, counters, st.active, st.restarts)
 
 
+P = ParamSpec("P")
+
+
+def shown(name: str) -> Callable[[Callable[Concatenate[RealOps, str, P], str | None]],
+                                  Callable[Concatenate[RealOps, str, P], str | None]]:
+    """A FleetOps call told to the display as a phase of the host (converge, preflight, ...): it
+    starts, then ends ok when it returns None, failed (with the reason) otherwise."""
+    def wrap(fn: Callable[Concatenate[RealOps, str, P], str | None]
+             ) -> Callable[Concatenate[RealOps, str, P], str | None]:
+        @functools.wraps(fn)
+        def run(self: RealOps, host: str, /, *args: P.args, **kwargs: P.kwargs) -> str | None:
+            self.sink(Step(host, name, phase=True))
+            t0, why = time.monotonic(), "interrupted"
+            try:
+                why = fn(self, host, *args, **kwargs) or ""
+                return why or None
+            except Exception as err:
+                why = (str(err) or type(err).__name__).splitlines()[0]
+                raise
+            finally:
+                self.sink(Step(host, name, not why, round(time.monotonic() - t0, 3), why, phase=True))
+
+        return run
+
+    return wrap
+
+
 @dataclass
 class RealOps:
     run: RunOptions  # the rollout's options (run.reach: how its hosts are reached; run.gateway_*: its gateway)
     hosts: dict[str, FleetHost]
     image: str  # the candidate, resolved and pinned: REPO@sha256:...
-    echo: Callable[[str], None] = print
+    sink: Sink  # the rollout's display (results/display.py): what each host does and says
     pull_timeout_s: float = 1800.0
-    _out: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def gateway_at(self) -> str:
@@ -138,21 +167,36 @@ class RealOps:
             r.close()
 
     def say(self, host: str, lines: list[str]) -> None:
-        with self._out:
-            for ln in lines:
-                for part in ln.splitlines() or [""]:
-                    self.echo(f"[{host}] {part}")
+        """Lines for the person about this host (and the step log)."""
+        for ln in lines:
+            self.sink(Note(ln, host))
+
+    def log(self, host: str, text: str) -> None:
+        """A routine line about this host for the step log only (a drain that emptied, a rejoin):
+        the rollout's output keeps to what a person acts on."""
+        self.sink(Log(text, host))
+
+    def _phase_steps(self, host: str) -> Sink:
+        """The single-host steps inside a phase (a restore's): logged and shown, not announced plainly."""
+        feed = bind(self.sink, host)
+
+        def tell(ev: Event) -> None:
+            feed(replace(ev, phase=True) if isinstance(ev, Step) else ev)
+
+        return tell
 
     def endpoint(self, host: str, r: Remote) -> Endpoint:
         return Endpoint(r, parse_host(self.hosts[host].target), self.run.tunnel)
 
     def _converger(self, host: str, r: Remote, what: str) -> converge.Converger:
         hs = self.stack_of(host)
-        rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy=what)
+        rep = DeployReport(host=host, service=hs.host.service, stack=hs.label, image="-", strategy=what,
+                           live=self._phase_steps(host))
         return converge.converger_for(hs, self.endpoint(host, r), rep, self.pull_timeout_s,
                                       http_probe=self.run.reach.http_probe(r), pace=self.run.reach.pace(r))
 
     # --- FleetOps ---------------------------------------------------------------
+    @shown("converge")
     def converge(self, host: str) -> str | None:
         with self.remote(host) as r:
             did = converge.settle(r, paths_of(self.stack_of(host)), self._converger(host, r, "converge"))
@@ -160,6 +204,7 @@ class RealOps:
             self.say(host, [f"converged: {did}"])
         return None
 
+    @shown("preflight")
     def preflight(self, host: str) -> str | None:
         with self.remote(host) as r:
             return preflight_on(r, self.stack_of(host), self.image)
@@ -177,7 +222,7 @@ class RealOps:
                 image=self.run.gateway_image, pull_timeout_s=self.pull_timeout_s) as link:
             assert link is not None
             said = link.bring_up(None, pool=first)
-        self.say(at or "gateway", [f"gateway: {said}"])
+        self.sink(Note(f"fleet: gateway on {at or self.gateway_at}: {said}"))  # once per rollout
         # every host serving its committed release is in the pool: one a killed run drained goes back
         back = each(list(self.hosts), self._rejoin, 4)
         bad = {h: str(x).splitlines()[0] for h, x in back.items() if isinstance(x, Exception)}
@@ -199,6 +244,7 @@ class RealOps:
         with self.remote(host) as r:
             return view_on(r, self.stack_of(host), self.image)
 
+    @shown("pull")
     def pull(self, host: str) -> str | None:
         with self.remote(host) as r:
             units.ensure_image(r, self.image, self.pull_timeout_s)
@@ -209,18 +255,17 @@ class RealOps:
         deploy (gated directly, into the gateway again only once it passed and serves, or on its
         incumbent when it failed), then whatever the host serves back in the pool."""
         hs = self.stack_of(host)
-        lines: list[str] = []
         if hs.gateway is not None:
             with self.remote(host) as r, self.link(host, r) as link:
                 port = self.serving_port(host, r)
                 if link is not None and port is not None:
                     try:
-                        lines.append(f"gateway: {link.leave_or_back(port)}")
+                        self.log(host, f"gateway: {link.leave_or_back(port)}")
                     except StackbuildError as err:
                         self.say(host, [f"gateway: {err}"])
                         return DeployResult("refused", EXIT_INFRA, cause=str(err).splitlines()[0])
         try:
-            return self._deploy(host, hs, lines)
+            return self._deploy(host, hs)
         finally:
             if hs.gateway is not None:
                 self._rejoin_safely(host)
@@ -229,30 +274,33 @@ class RealOps:
         try:
             said = self._rejoin(host)
         except StackbuildError as err:
-            said = f"NOT back in the gateway: {str(err).splitlines()[0]}; the next rollout puts it back"
+            self.say(host, [f"gateway: NOT back in the gateway: {str(err).splitlines()[0]}; "
+                            "the next rollout puts it back"])
+            return
         if said:
-            self.say(host, [f"gateway: {said}"])
+            self.log(host, f"gateway: {said}")
 
-    def _deploy(self, host: str, hs: Stack, lines: list[str]) -> DeployResult:
+    def _deploy(self, host: str, hs: Stack) -> DeployResult:
         reports: list[DeployReport] = []
         args = deploy_args(replace(self.run, image=self.image, gateway_host=self.gateway_at, drained=True), stack=hs,
                            host_text=self.hosts[host].target)
-        try:
-            code = run_deploy(args, echo=lines.append, reports=reports)
+        feed = bind(self.sink, host)
+        try:  # its steps to the rollout's display, its report and what it recorded to the rollout's log
+            code = run_deploy(args, echo=lambda text: feed(Log(text)), reports=reports, sink=feed)
         except Exception as err:
             # an error out of run_deploy may follow a promotion (a bug past the decision), so ask
             # the host what it runs rather than guess
-            lines.append(f"deploy did not finish cleanly: {(str(err) or type(err).__name__).splitlines()[0]}")
-            self.say(host, lines)
+            why = f"deploy did not finish cleanly: {(str(err) or type(err).__name__).splitlines()[0]}"
+            self.say(host, [why])
             on_candidate = self.view(host).on_candidate
             if not isinstance(err, StackbuildError) and not on_candidate:
                 raise
             if on_candidate:
-                return DeployResult("promoted", 0, None, f"promoted; {lines[-1]}")
+                return DeployResult("promoted", 0, None, f"promoted; {why}")
             return DeployResult("failed", getattr(err, "exit_code", 4), cause=str(err).splitlines()[0])
-        self.say(host, lines)
         return result_of(reports[-1], code)
 
+    @shown("soak")
     def soak(self, host: str, seconds: float, interval_s: float) -> str | None:
         hs = self.stack_of(host)
         with self.remote(host) as r:
@@ -273,6 +321,7 @@ class RealOps:
 
         return soak(sample, seconds, interval_s, clock=pace.clock, sleep=pace.sleep)
 
+    @shown("revert")
     def revert(self, host: str) -> str | None:
         with self.remote(host) as r, self.link(host, r) as link:
             conv = self._converger(host, r, "rollback")

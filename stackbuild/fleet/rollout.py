@@ -162,8 +162,7 @@ def run_rollout(
         res.outcome, res.exit_code, res.cause = outcome, code, cause
         for row in res.rows.values():
             rec.host(row)
-        rec.finish(outcome, cause)
-        echo(f"fleet: {outcome}: {cause}")
+        rec.finish(outcome, cause)  # the caller says how it ended, under its table
         return res
 
     def refused(step: str, results: Mapping[str, object]) -> str:

@@ -15,12 +15,14 @@ from stackbuild.fleet.plan import plan_waves
 from stackbuild.fleet.rollout import FleetOps, HostRow, Prior, RolloutResult, Settings, run_rollout
 from stackbuild.host.session import RunOptions, deploy_args, gate_profile, resolve_gateway_image, resolve_image
 from stackbuild.image import registry
+from stackbuild.results.display import Display, Log, Sink
 from stackbuild.results.ledger import Ledger
 from stackbuild.results.recorder import Recorder
+from stackbuild.results.steplog import StepLog, log_path
 from stackbuild.spec.fleet import Fleet, FleetHost
 
-# Builds the rollout's FleetOps: (the rollout's options, its hosts by name, the pinned image, echo)
-MakeOps = Callable[[RunOptions, dict[str, FleetHost], str, Callable[[str], None]], FleetOps]
+# Builds the rollout's FleetOps: (the rollout's options, its hosts by name, the pinned image, the display)
+MakeOps = Callable[[RunOptions, dict[str, FleetHost], str, Sink], FleetOps]
 
 
 @dataclass(kw_only=True)
@@ -41,8 +43,8 @@ def settings_for(fleet: Fleet, args: FleetArgs, tolerance: float) -> Settings:
     )
 
 
-def real_ops(run: RunOptions, hosts: dict[str, FleetHost], image: str, echo: Callable[[str], None]) -> FleetOps:
-    return RealOps(run=run, hosts=hosts, image=image, echo=echo)
+def real_ops(run: RunOptions, hosts: dict[str, FleetHost], image: str, sink: Sink) -> FleetOps:
+    return RealOps(run=run, hosts=hosts, image=image, sink=sink)
 
 
 def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print, make_ops: MakeOps = real_ops) -> int:
@@ -69,30 +71,38 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print, make_ops: Ma
     prior = Prior(datetime.fromisoformat(last.started_at), {
         h.host: HostRow(h.host, h.wave, h.outcome, h.verdict, h.detail, h.flagged, dict(h.medians))
         for h in last.hosts}) if last else None
-    log = recorder.start_rollout(id=rollout_id, stack=args.stack.label, image=image, digest=digest,
-                                 policy=settings.policy, plan=waves)
-    echo(f"fleet: rollout {rollout_id}{' (resumed)' if last else ''} of {args.stack.label} {image}")
-    echo("fleet: plan: " + " | ".join(
-        f"{'canary' if i == 0 else f'wave {i}'}: {', '.join(w)}" for i, w in enumerate(waves)))
-    echo(f"fleet: on_failure={settings.policy}: " + (
-        "a failed wave goes back to the incumbent and so does every host promoted before it"
-        if settings.policy == "rollback_all" else
-        "a failed wave goes back to the incumbent; hosts promoted by earlier waves stay on the candidate"))
-    echo(f"fleet: soak {settings.soak_s:g}s after each wave; hosts of one class must read within "
-         f"{settings.outlier_tolerance:.0%} of the canary")
-    if args.stack.gateway is not None:
-        echo("fleet: behind the gateway: each host is drained out of it before its server stops, and put back "
-             "once it serves (the candidate only once it passed)")
-    ops = make_ops(replace(args, ledger=recorder.path, gateway_image=gateway_image), {h.name: h for h in hosts},
-                   image, echo)
-    res = run_rollout(waves, ops, settings, log, echo=echo, reference=reference, prior=prior)
-    if res.outcome == "completed" and args.stack.host.channel:
-        registry.promote(image, channel=args.stack.host.channel)
-        echo(f"fleet: channel {args.stack.host.channel} -> {image}")
-    echo("")
-    echo(table(res, rollout_id))
-    echo(f"fleet: rollout {rollout_id}: {res.outcome} (exit {res.exit_code})"
-         + ("; re-run the same command to resume" if res.outcome == "stopped" else ""))
+    with StepLog(log_path(recorder.path, "rollout", rollout_id), args.secrets.values()).open() as steps:
+        rows = recorder.start_rollout(id=rollout_id, stack=args.stack.label, image=image, digest=digest,
+                                      policy=settings.policy, plan=waves)
+        show = Display(echo=echo, live=args.progress, log=steps, title=f"rollout {rollout_id} of {args.stack.label}")
+        say = show.note
+        say(f"fleet: rollout {rollout_id}{' (resumed)' if last else ''} of {args.stack.label} {image}; "
+            f"every step in {steps.path}")
+        say("fleet: plan: " + " | ".join(
+            f"{'canary' if i == 0 else f'wave {i}'}: {', '.join(w)}" for i, w in enumerate(waves))
+            + f"; on_failure={settings.policy}: a failed wave goes back to the incumbent"
+            + (" and so does every earlier one" if settings.policy == "rollback_all" else ", earlier ones stay")
+            + f"; soak {settings.soak_s:g}s after each wave; a host of the canary's class must read within "
+            f"{settings.outlier_tolerance:.0%} of it")
+        if args.stack.gateway is not None:
+            say("fleet: behind the gateway: each host is drained out of it before its server stops, and put "
+                "back once it serves (the candidate only once it passed)")
+        # what the ledger recorded goes to the log; that it could not record something, to the screen too
+        recorder.note, recorder.warn = (lambda text: show(Log(text))), say
+        show.hosts(h for w in waves for h in w)
+        ops = make_ops(replace(args, ledger=recorder.path, gateway_image=gateway_image),
+                       {h.name: h for h in hosts}, image, show)
+        with show:
+            res = run_rollout(waves, ops, settings, rows, echo=say, reference=reference, prior=prior)
+        if res.outcome == "completed" and args.stack.host.channel:
+            registry.promote(image, channel=args.stack.host.channel)
+            say(f"fleet: channel {args.stack.host.channel} -> {image}")
+        echo("")
+        echo(summary := table(res, rollout_id))
+        show(Log(summary))
+        say(f"fleet: rollout {rollout_id}: {res.outcome} (exit {res.exit_code}): {res.cause}"
+            + ("; re-run the same command to resume" if res.outcome == "stopped" else "")
+            + f"; every step in {steps.path}")
     return res.exit_code
 
 

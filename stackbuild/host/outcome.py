@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stackbuild.errors import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK
+from stackbuild.results import display
 
 
 @dataclass
@@ -40,17 +41,17 @@ class DeployReport:
     gate_json: str | None = None
     host_facts: dict[str, str] = field(default_factory=dict)  # GPU model/count, driver, arch (preflight)
     logs: str = ""  # journal + container logs of a failed candidate (tail)
-    live: Callable[[str], None] | None = None  # told each step as it starts and ends
+    live: display.Sink | None = None  # told each step as it starts and ends (results/display.py)
 
-    def _tell(self, text: str) -> None:
+    def _tell(self, ev: display.Step) -> None:
         if self.live is not None:
-            self.live(text)
+            self.live(ev)
 
     @contextmanager
     def step(self, name: str) -> Iterator[Step]:
         st = Step(name, False, 0.0)
         t0 = time.monotonic()
-        self._tell(f"{name} ...")
+        self._tell(display.Step(self.host, name))
         try:
             yield st
             st.ok = True
@@ -60,10 +61,11 @@ class DeployReport:
         finally:
             st.seconds = round(time.monotonic() - t0, 3)
             self.steps.append(st)
-            self._tell(f"{name} {'ok' if st.ok else 'FAILED'} ({st.seconds:.1f}s) {st.detail[:120]}".rstrip())
+            self._tell(display.Step(self.host, name, st.ok, st.seconds, st.detail))
 
     def note(self, name: str, ok: bool, detail: str, seconds: float = 0.0) -> None:
         self.steps.append(Step(name, ok, round(seconds, 3), detail))
+        self._tell(display.Step(self.host, name, ok, round(seconds, 3), detail))
 
     def finish(self, outcome: str, cause: str | None = None, exit_code: int | None = None) -> None:
         self.outcome = outcome
@@ -94,12 +96,17 @@ class DeployReport:
         d.pop("live")
         return json.dumps(d, indent=2)
 
-    def render(self) -> str:
+    def render(self, full: bool = True) -> str:
+        """Every step with its detail (full: the step log, `rollback`), or the summary a deploy ends
+        with: the time each stage took, and only the steps that failed or warn."""
         lines = [
             f"deploy {self.stack} -> {self.host} ({self.service}, {self.strategy})",
             f"  image: {self.image}",
         ]
-        for s in self.steps:
+        if not full and self.steps:
+            stages = display.stage_times((s.name, s.seconds) for s in self.steps)
+            lines.append(f"  took {sum(t for _, t in stages):.2f}s: " + ", ".join(f"{n} {t:.2f}s" for n, t in stages))
+        for s in self.steps if full else [s for s in self.steps if _worth_a_line(s)]:
             mark = "ok  " if s.ok else "FAIL"
             lines.append(f"  {mark} {s.name:<14} {s.seconds:7.2f}s  {s.detail}")
         lines.append(f"  outcome: {self.outcome} (exit {self.exit_code})")
@@ -119,6 +126,16 @@ class DeployReport:
                 "(incumbent stop -> a server serving again)"
             )
         return "\n".join(lines)
+
+
+# An ok step whose detail a person must still read: what an earlier run left was put back (a
+# stale lock, a pending deploy), or the server starts without a secret it names (host/deploy.py).
+_WARNINGS = ("broke a stale lock", "the server gets none")
+
+
+def _worth_a_line(s: Step) -> bool:
+    """In a deploy's summary: the steps that failed, and the ok ones that did something out of the ordinary."""
+    return not s.ok or display.stage_of(s.name, "") == "recover" or any(w in s.detail for w in _WARNINGS)
 
 
 def _first_line(err: BaseException) -> str:

@@ -15,6 +15,7 @@ from stackbuild.effects.readiness import HttpProbe, Pace, Probe
 from stackbuild.gate.result import GateResult
 from stackbuild.host.pool import GatewayLink
 from stackbuild.host.state import LOCK_TTL_S
+from stackbuild.results.display import Sink
 from stackbuild.spec.profile import GateProfile
 from stackbuild.spec.stack import Stack
 
@@ -49,7 +50,7 @@ class Services:
     # way are not a baseline for the other (the tunnel costs throughput)
     access: str = "direct"
     echo: Callable[[str], None] = print
-    progress: Callable[[str], None] | None = None  # each step as it starts and ends
+    progress: Sink | None = None  # each step as it starts and ends (results/display.py)
     sleep: Callable[[float], None] = time.sleep
     # the gate's plan (expected runs and duration) for a dry run to print
     gate_plan: Callable[[GateProfile, bool], str] | None = None

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import re
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -35,11 +34,13 @@ from stackbuild.image.build import BuildResult, build_stack
 from stackbuild.image.context import rendered_for_image
 from stackbuild.image.gateway import build_gateway
 from stackbuild.render.stack import image_ref, render_unit
+from stackbuild.results.display import Display, Log, Note, Result, Sink, bind
 from stackbuild.results.ledger import gate_plan as ledger_gate_plan
 from stackbuild.results.ledger import host_class_of, ledger_path
 from stackbuild.results.outage import swap_outage
 from stackbuild.results.outputs import check_writable
 from stackbuild.results.recorder import Recorder
+from stackbuild.results.steplog import StepLog, deploy_log_path
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 from stackbuild.spec.stack import Stack
 
@@ -65,6 +66,7 @@ class RunOptions:
     gateway_image: str | None = None  # the gateway's, pinned (None: built, or found in the registry, when needed)
     gateway_host: str | None = None  # where the gateway runs, resolved (None: gateway.host, else the deploy's host)
     drained: bool = False  # a rollout drained the host out of the gateway (and brought the gateway up) first
+    progress: bool = False  # a live view on the terminal (results/display.py); else plain lines
 
     @property
     def recorder_path(self) -> Path:
@@ -149,7 +151,8 @@ def resolve_gateway_image(args: RunOptions, echo: Callable[[str], None], *, dry_
     return build_gateway(args.stack, where, echo=echo, dry_run=dry_run)
 
 
-def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callable[[str], None]) -> Services:
+def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callable[[str], None],
+              feed: Sink) -> Services:
     promote: Callable[[str], str] | None = None
     if args.stack.host.channel:
         channel = args.stack.host.channel
@@ -158,9 +161,6 @@ def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callab
             registry.promote(ref, channel=channel)
             return f"{channel} -> {ref}"
 
-    def progress(text: str) -> None:
-        print(f"stackbuild: deploy: {text}", file=sys.stderr, flush=True)
-
     def gate_plan(profile: GateProfile, stored: bool) -> str:
         return ledger_gate_plan(profile, ledger_path(args.ledger, args.root), stored=stored)
 
@@ -168,7 +168,7 @@ def _services(args: DeployArgs, endpoint: Endpoint, remote: Remote, echo: Callab
         return swap_outage(ledger_path(args.ledger, args.root), args.stack)
 
     return Services(
-        progress=progress,
+        progress=feed,
         render_unit=render_unit,
         gate=args.reach.gate(remote, endpoint.mode),
         endpoint=endpoint,
@@ -186,10 +186,49 @@ def run_deploy(
     args: DeployArgs,
     echo: Callable[[str], None] = print,
     reports: list[DeployReport] | None = None,
+    sink: Sink | None = None,
 ) -> int:
+    """One deploy. On its own (no `sink`) it owns the display and a step log of its own: a live
+    line (or plain stage lines) while it runs, its summary at the end. A rollout's host feeds the
+    rollout's `sink` (display and log) instead, its whole report included; `echo` is then the
+    rollout's log too."""
     address = parse_host(args.host_text)
     profile = gate_profile(args.stack, args.profile_name)
     check_local_outputs(args)
+    with ExitStack() as stack:
+        log, own = None, None
+        if sink is None:
+            if not args.dry_run:  # opened before the host: an unwritable log is exit 2, nothing touched
+                log = stack.enter_context(StepLog(deploy_log_path(args.recorder_path, args.stack.label),
+                                                  args.secrets.values()).open())
+            sink = own = Display(echo=echo, live=args.progress and not args.dry_run, log=log,
+                                 title=f"deploy {args.stack.label} -> {address} ({args.strategy})")
+            echo = own.note
+        if log:
+            echo(f"step log: {log.path}")
+        feed = bind(sink, str(address))
+        rep, digest = _deploy_on(args, address, profile, feed, echo, own or nullcontext())
+        if own:
+            own.echo(rep.render(full=args.dry_run) + (f"\n  step log: {log.path}" if log else ""))
+        if not args.dry_run:  # after the outcome: a ledger that fails now is a warning (results/recorder.py)
+            _record(args, rep, profile, digest, echo, warn=echo if own else lambda text: feed(Note(text)))
+        if args.json_out:
+            try:
+                args.json_out.write_text(rep.to_json())
+            except OSError as err:  # checked writable before the host; gone since
+                echo(f"stackbuild: deploy report not written to {args.json_out} ({err.strerror})")
+        if rep.exit_code and rep.cause:
+            echo(f"stackbuild: deploy {rep.outcome}: {rep.cause.splitlines()[0]}")
+    if reports is not None:
+        reports.append(rep)
+    return rep.exit_code
+
+
+def _deploy_on(args: DeployArgs, address: HostAddress, profile: GateProfile, feed: Sink,
+               echo: Callable[[str], None], view: AbstractContextManager[object]) -> tuple[DeployReport, str]:
+    """Connect, build unless pinned, run the flow inside `view` (the live view, entered after the
+    builds drew their own) behind the stack's gateway, and put the host back once if the
+    connection died."""
     # the connection and the host key first: a build can take hours, a refused key seconds
     real = args.reach.connect(address, args.ssh)
     if not args.image and not args.dry_run:
@@ -201,7 +240,7 @@ def run_deploy(
     gw_image = None if args.drained else resolve_gateway_image(args, echo, dry_run=args.dry_run)
     remote: Remote = DryRunRemote(str(address), reader=real, echo=echo) if args.dry_run else real
     endpoint = Endpoint(remote, address, args.tunnel)
-    svc = _services(args, endpoint, real, echo)
+    svc = _services(args, endpoint, real, echo, feed)
     req = DeployRequest(
         stack=args.stack,
         image=image,
@@ -212,30 +251,21 @@ def run_deploy(
     )
     at = args.gateway_host or gateway_target(args.stack, {h.name: h.target for h in args.stack.host.hosts},
                                              args.host_text)
-    try:
-        with restore_on_signal(), gateway_link(args.reach, args.ssh, args.tunnel, args.stack, gateway_at=at,
-                                               server_at=args.host_text, server=remote, endpoint=endpoint,
-                                               image=gw_image, kept_out=args.drained) as link:
-            svc.gateway = link
-            rep = deploy(remote, req, svc)
-    finally:
-        remote.close()
-    svc.gateway = None  # its connection is gone: a recovery puts the host back, the next deploy the pool
-    if rep.needs_recovery:
-        rep = _recover_once(address, args, req, svc, rep, echo)
-    echo(rep.render())
-    if not args.dry_run:  # after the outcome: a ledger that fails now is a warning (results/recorder.py)
-        _record(args, rep, profile, digest, echo)
-    if args.json_out:
+    with view:
         try:
-            args.json_out.write_text(rep.to_json())
-        except OSError as err:  # checked writable before the host; gone since
-            echo(f"stackbuild: deploy report not written to {args.json_out} ({err.strerror})")
-    if rep.exit_code and rep.cause:
-        echo(f"stackbuild: deploy {rep.outcome}: {rep.cause.splitlines()[0]}")
-    if reports is not None:
-        reports.append(rep)
-    return rep.exit_code
+            with restore_on_signal(), gateway_link(args.reach, args.ssh, args.tunnel, args.stack, gateway_at=at,
+                                                   server_at=args.host_text, server=remote, endpoint=endpoint,
+                                                   image=gw_image, kept_out=args.drained) as link:
+                svc.gateway = link
+                rep = deploy(remote, req, svc)
+        finally:
+            remote.close()
+        svc.gateway = None  # its connection is gone: a recovery puts the host back, the next deploy the pool
+        if rep.needs_recovery:
+            rep = _recover_once(address, args, req, svc, rep, echo)
+        feed(Result(str(address), rep.outcome, rep.verdict))
+    feed(Log(rep.render()))
+    return rep, digest
 
 
 def check_local_outputs(args: DeployArgs) -> None:
@@ -313,10 +343,11 @@ def _recover_once(
 
 
 def _record(
-    args: DeployArgs, rep: DeployReport, profile: GateProfile, digest: str, echo: Callable[[str], None]
+    args: DeployArgs, rep: DeployReport, profile: GateProfile, digest: str, echo: Callable[[str], None],
+    warn: Callable[[str], None],
 ) -> None:
     outcome = rep.outcome if rep.outcome in ("promoted", "rolled-back", "refused") else "failed"
-    Recorder(args.recorder_path, note=echo, report=args.report).deploy(
+    Recorder(args.recorder_path, note=echo, warn=warn, report=args.report).deploy(
         GateResult.model_validate_json(rep.gate_json) if rep.gate_json else None,
         host=rep.host,
         stack=args.stack.name,

@@ -58,7 +58,7 @@ class Plan:
     request: buildkit.BuildRequest
     builder: buildkit.Builder
     ctx: context.Context
-    display: str  # "tty": a progress bar per stage; "plain": BuildKit's lines
+    display: str  # "tty": a progress bar per stage; "plain": BuildKit's lines; "stages": a line per stage built
 
     @property
     def argv(self) -> list[str]:
@@ -278,7 +278,17 @@ def _ensure_pushed(plan: Plan, c: Any, echo: Echo) -> str:
 
 @contextmanager
 def _progress(mode: str, echo: Echo) -> Iterator[Callable[[str], None]]:
-    """On a tty, a progress bar per stage; otherwise BuildKit's plain lines as they come."""
+    """On a tty, a progress bar per stage; otherwise BuildKit's plain lines as they come, or
+    ("stages") one line per stage once all its steps are done (every line is in the build log)."""
+    if mode == "stages":
+        progress = buildkit.StageProgress()
+
+        def built(line: str) -> None:
+            if (stage := progress.feed(line)) is not None and progress.stages[stage][0] == progress.stages[stage][1]:
+                echo(f"built stage {stage} ({progress.stages[stage][1]}/{progress.stages[stage][1]})")
+
+        yield built
+        return
     if mode != "tty":
         yield echo
         return

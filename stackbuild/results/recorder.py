@@ -69,6 +69,7 @@ class HostRow(Protocol):
 class Recorder:
     path: Path
     note: Callable[[str], None] = field(default=_stderr)  # where "recorded" lines and warnings go
+    warn: Callable[[str], None] | None = None  # where warnings go instead (a rollout logs the rest)
     # Refresh the report after each record. A rollout's hosts do not: their threads would draw the
     # plot at once (pyplot is not thread-safe) and a host's row is not the end; the rollout refreshes
     # it once when it ends.
@@ -114,7 +115,8 @@ class Recorder:
         try:
             out = update_report(self.path)
         except _WRITE_ERRORS as err:
-            self.note(f"stackbuild: report: not updated ({_why(err)}); `stackbuild report` writes it again")
+            (self.warn or self.note)(
+                f"stackbuild: report: not updated ({_why(err)}); `stackbuild report` writes it again")
             return None
         self.note(f"report: {out}")
         return out
@@ -124,7 +126,8 @@ class Recorder:
             with Ledger(self.path) as db:
                 wrote = write(db)
         except _WRITE_ERRORS as err:
-            self.note(f"stackbuild: ledger: {what} NOT recorded in {self.path} ({_why(err)}); the outcome stands")
+            (self.warn or self.note)(
+                f"stackbuild: ledger: {what} NOT recorded in {self.path} ({_why(err)}); the outcome stands")
             return
         if wrote is False or quiet:
             return
