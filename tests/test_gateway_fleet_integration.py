@@ -130,7 +130,7 @@ def test_a_rolled_back_canary_and_a_promoted_candidate_fail_no_request_through_t
     f = gw_fleet
     base = f.rollout(None)
     assert base.returncode == 0, base.stdout[-4000:] + base.stderr[-2000:]
-    assert f"[h0] gateway: {f.gw_service}.service started with" in base.stdout
+    assert f"fleet: gateway on h0: {f.gw_service}.service started with" in base.stdout
     with BackgroundLoad(f.url, clients=2, pause_s=0.05) as client:
         assert client.wait_for(10, 60), client.summary()
         slower = f.rollout("slower")
