@@ -27,6 +27,7 @@ WL = Workload(input_len=4, output_len=4, stall_timeout_s=0.5, timeout_s=30.0, wa
 @dataclass
 class Server:
     stalls: int  # the first this many requests stall after one chunk
+    slow: int = 0  # the next this many take 3 s (a chunk each 0.25 s): in flight when the stall is decided
     seen: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -41,8 +42,9 @@ class Server:
             if n < self.stalls:
                 await self.release.wait()  # stalled: the client's stall bound ends it
                 return resp
-            for _ in range(WL.output_len - 1):
-                await asyncio.sleep(0.02)
+            slow = n < self.stalls + self.slow
+            for _ in range(12 if slow else WL.output_len - 1):
+                await asyncio.sleep(0.25 if slow else 0.02)
                 await resp.write(chunk)
             usage = {"choices": [], "usage": {"completion_tokens": WL.output_len, "prompt_tokens": WL.input_len}}
             await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
@@ -52,8 +54,8 @@ class Server:
 
 
 @asynccontextmanager
-async def serving(stalls: int) -> AsyncIterator[tuple[str, Server]]:
-    srv = Server(stalls)
+async def serving(stalls: int, slow: int = 0) -> AsyncIterator[tuple[str, Server]]:
+    srv = Server(stalls, slow)
     app = web.Application()
     app.router.add_post("/v1/completions", srv.completions)
     run = web.AppRunner(app, shutdown_timeout=0.5)
@@ -73,20 +75,19 @@ def _run(coro: Any) -> Any:
 
 
 def test_the_first_stalled_request_ends_the_run_when_none_may_fail() -> None:
-    async def go() -> tuple[list[loadgen.RequestRecord], float, float, int]:
-        async with serving(stalls=1) as (url, srv):
+    async def go() -> tuple[list[loadgen.RequestRecord], float, int]:
+        # the other 3 workers' first requests take 3 s: certainly in flight at the 0.5 s stall bound
+        async with serving(stalls=1, slow=3) as (url, srv):
             prompts = [[1000 + i] * WL.input_len for i in range(400)]
             t0 = time.monotonic()
             records, _ = await loadgen.run_requests(url, WL, 4, prompts, fail_after=0)
-            return records, time.monotonic() - t0, 0.0, srv.seen
+            return records, time.monotonic() - t0, srv.seen
 
-    records, took, _, sent = _run(go())
-    failed = [r for r in records if not r.ok]
-    assert [r.error for r in failed] == ["stalled: no byte for 0.5s"]
-    # decided at the stall bound: the other workers' requests in flight were cancelled, unrecorded,
-    # and nothing more was sent (400 requests at ~80 ms over 3 workers would take ~10 s)
-    assert took < 3.0 and sent < 400 and len(records) < sent
-    assert all(r.ok for r in records if r is not failed[0])
+    records, took, sent = _run(go())
+    # decided at the stall bound: the other workers' requests in flight were cancelled, unrecorded
+    # (they would have ended after 3 s), and nothing more was sent
+    assert [r.error for r in records] == ["stalled: no byte for 0.5s"]
+    assert sent == 4 and took < 2.5
 
 
 def test_failures_within_the_allowance_do_not_end_the_run() -> None:
@@ -116,4 +117,4 @@ def test_a_level_whose_candidate_stalls_is_decided_after_one_run() -> None:
     assert (lv.verdict, lv.failed_requests, len(lv.runs)) == ("fail", 1, 1)
     assert lv.reasons == ("C=4: 1 failed requests (allowed 0): stalled: no byte for 0.5s",)
     assert [d["index"] for k, d in events if k == "run"] == [0]  # no second run was measured
-    assert took < 3.0
+    assert took < 10.0  # loose on purpose (a loaded machine): the events above are the proof
