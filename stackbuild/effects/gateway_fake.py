@@ -8,11 +8,14 @@ robin; smg retries a dead one elsewhere), or fails when there is none; a request
 worker stops answering before it ends fails too (smg does not retry a stream that has
 begun). `failed` is the count the fleet's gateway logic must keep at zero.
 `in_flight_of(worker)` is that worker's own count, what `drain` waits on. `up()` false:
-the gateway itself does not answer (its unit is not running).
+the gateway itself does not answer (its unit is not running). A rollout's wave calls it from
+one thread per host, as smg serves concurrent callers: every method holds one lock (a dict
+changed by one host's `remove` while another's `workers()` iterated it was a failed run).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -55,6 +58,7 @@ class FakeGateway:
     _ids: dict[str, str] = field(default_factory=dict)
     _running: dict[str, list[float]] = field(default_factory=dict)  # worker -> end times
     _turn: int = 0
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def start(self, *workers: str) -> FakeGateway:
         """Workers already serving when the gateway starts (its unit's --worker-urls)."""
@@ -71,8 +75,9 @@ class FakeGateway:
 
     def workers(self) -> list[Worker]:
         self._check_up()
-        now = self.pace.clock()
-        return [self._worker(u) for u, at in self._ready_at.items() if at <= now]
+        with self._lock:
+            now = self.pace.clock()
+            return [self._worker(u) for u, at in self._ready_at.items() if at <= now]
 
     def _worker(self, url: str) -> Worker:
         wid = self._ids.setdefault(url, f"fake-{len(self._ids)}")
@@ -81,26 +86,37 @@ class FakeGateway:
     def add(self, worker: str, *, timeout_s: float) -> Worker:
         self._check_up()
         url, t0 = norm(worker), self.pace.clock()
-        self.calls.append(f"add {url}")
-        if url not in self._ready_at:
-            self._ready_at[url] = t0 + self.join_s
-        while self._ready_at[url] > self.pace.clock() or not self._answers(url):
-            if self.pace.clock() - t0 >= timeout_s:
-                self._ready_at.pop(url)  # smg's registration job failed: not listed
-                raise InfraError(f"gateway {self.url}: {url} not ready after {timeout_s:.0f}s")
-            self.pace.sleep(self.pace.interval_s)
-        return self._worker(url)
+        with self._lock:
+            self.calls.append(f"add {url}")
+            if url not in self._ready_at:
+                self._ready_at[url] = t0 + self.join_s
+        while True:
+            with self._lock:
+                ready = self._ready_at.get(url)
+                if ready is None:  # removed while it was joining (another caller)
+                    raise InfraError(f"gateway {self.url}: {url} was removed while it joined")
+                if ready <= self.pace.clock() and self._answers(url):
+                    return self._worker(url)
+                if self.pace.clock() - t0 >= timeout_s:
+                    self._ready_at.pop(url, None)  # smg's registration job failed: not listed
+                    raise InfraError(f"gateway {self.url}: {url} not ready after {timeout_s:.0f}s")
+            self.pace.sleep(self.pace.interval_s)  # outside the lock: the other hosts go on
 
     def remove(self, worker: str, *, timeout_s: float) -> bool:
         self._check_up()
         url = norm(worker)
-        self.calls.append(f"remove {url}")
-        return self._ready_at.pop(url, None) is not None
+        with self._lock:
+            self.calls.append(f"remove {url}")
+            return self._ready_at.pop(url, None) is not None
 
     def lost(self) -> None:
         """Requests still running on a server that stopped answering: failed (their stream broke)."""
+        with self._lock:
+            self._lost()
+
+    def _lost(self) -> None:
         now = self.pace.clock()
-        for url, ends in self._running.items():
+        for url, ends in list(self._running.items()):
             cut = [t for t in ends if t > now and not self._answers(url)]
             for _ in cut:
                 self.failed += 1
@@ -109,7 +125,11 @@ class FakeGateway:
 
     def send(self) -> str | None:
         """One request through the gateway: the worker it runs on, or None (a failed request)."""
-        self.lost()
+        with self._lock:
+            return self._send()
+
+    def _send(self) -> str | None:
+        self._lost()
         self.sent += 1
         pool = sorted(w.url for w in self.workers() if self._answers(w.url)) if self.up() else []
         if not pool:
@@ -126,4 +146,5 @@ class FakeGateway:
 
     def in_flight_of(self, worker: str) -> float | None:
         url = norm(worker)
-        return float(len(self._live(url))) if self._answers(url) else None
+        with self._lock:
+            return float(len(self._live(url))) if self._answers(url) else None
