@@ -139,7 +139,9 @@ class FakeSystemd(FakeRemote):
 
     def serving(self, port: int) -> str | None:
         """The image whose server listens on `port`, if one does."""
-        return next((p.image for p in self.running.values() if p.port == port and p.listening(self.now)), None)
+        # a snapshot first: a fleet's gateway asks from another host's thread while this host's own
+        # thread starts and stops units (iterating the live dict could see it change size)
+        return next((p.image for p in tuple(self.running.values()) if p.port == port and p.listening(self.now)), None)
 
     def socket_table(self) -> str:
         """/proc/net/tcp as the kernel writes it: listeners (state 0A) and one established connection."""
