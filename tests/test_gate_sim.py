@@ -104,11 +104,14 @@ def test_stored_baseline_round_trip_and_workload_mismatch(tmp_path: Path) -> Non
     with sim("--speed", VERDICT_SPEED) as s:
         assert main(["gate", "--url", s.url, *SMALL, "--json", str(base), "--name", "inc",
                      "--ledger", str(ledger)]) == 0
-        assert main(["gate", "--url", s.url, *SMALL, "--baseline", str(base), "--name", "cand",
-                     "--tolerance", "10", "--ledger", str(ledger)]) == 0
+        # the same server against its stored self: never a loss; pass, or on a machine whose load
+        # moved between the two moments (5 runs a side), inconclusive (0.986, CI +-11%, once in CI)
+        rc = main(["gate", "--url", s.url, *SMALL, "--baseline", str(base), "--name", "cand",
+                   "--tolerance", "10", "--ledger", str(ledger)])
+        assert rc in (0, 3)
         # both runs are in the ledger and the report next to it was rewritten after each
         report = (tmp_path / "report.md").read_text()
-        assert "| inc | Reference |" in report and "| cand | PASS |" in report
+        assert "| inc | Reference |" in report and f"| cand | {'PASS' if rc == 0 else 'INCONCLUSIVE'} |" in report
         # a different output length is a different workload: refused, exit 2
         other = [*SMALL]
         other[other.index("--output-len") + 1] = "64"
