@@ -141,10 +141,13 @@ def test_stall_stream_times_out_as_failed(tmp_path: Path) -> None:
 
 
 def test_generate_api_measures_what_completions_measures() -> None:
-    # runs of ~0.35 s, so a core stalled for a few ms cannot move a median by 5%
+    # the two APIs are measured one after the other, so the machine's load between them is in the
+    # figure: at --speed 10 (runs of ~0.35 s) the suite's load once moved one median by 9%. At
+    # VERDICT_SPEED a run is ~0.9 s and a step outlasts its CPU work; a wrong count of tokens
+    # (the API's own mistake) would be off by far more than the bound
     prof = GateProfile(concurrency=(8,), input_len=32, output_len=320, runs=3, warmup=2,
                        probe_prompts=("hi",))
-    with sim("--speed", "10", "--profile", "eagle3-topk1-v2") as s:
+    with sim("--speed", VERDICT_SPEED, "--profile", "eagle3-topk1-v2") as s:
         oai = run_gate(s.url, prof, name="oai")
         native = run_gate(s.url, prof.with_overrides(api="generate"), name="native")
     assert oai.fingerprint != native.fingerprint  # different API, different workload
@@ -152,7 +155,7 @@ def test_generate_api_measures_what_completions_measures() -> None:
     assert a.failed_requests == b.failed_requests == 0
     assert all(r.token_count_mismatches == 0 and r.output_tokens == 8 * 320
                for r in (*a.runs, *b.runs))
-    assert b.median_output_tok_s == pytest.approx(a.median_output_tok_s, rel=0.05)
+    assert b.median_output_tok_s == pytest.approx(a.median_output_tok_s, rel=0.15)
 
 
 def test_users_policy_passes_topk1_v2_and_fails_topk4_v1() -> None:

@@ -111,7 +111,9 @@ def test_traffic_command_samples_a_loaded_server(tmp_path: Path,
 
     from stackbuild.sim.process import sim
 
-    with sim("--speed", "0.5", "--enable-metrics") as s:
+    # --speed 0.1: 400 tokens take far longer than the wait for all 8 plus the 2 s sampled (at 0.5
+    # the first requests, started seconds before the last on a loaded machine, ended inside it)
+    with sim("--speed", "0.1", "--enable-metrics") as s:
         body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 400}}
         def hold() -> None:
             with contextlib.suppress(OSError):  # cut when the simulator stops
