@@ -62,8 +62,9 @@ class FakeGateway:
 
     def start(self, *workers: str) -> FakeGateway:
         """Workers already serving when the gateway starts (its unit's --worker-urls)."""
-        for w in workers:
-            self._ready_at[norm(w)] = self.pace.clock()
+        with self._lock:  # called from `up()`, which any host's thread may be the first to ask
+            for w in workers:
+                self._ready_at[norm(w)] = self.pace.clock()
         return self
 
     def _answers(self, url: str) -> bool:
