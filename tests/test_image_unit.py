@@ -214,6 +214,10 @@ def test_summarize_failure_names_the_step_exit_code_and_cause() -> None:
     ]
     assert buildkit.summarize_failure(tail) == "at [base 2/2] (exit code 100): E: Unable to locate package nope"
     assert buildkit.summarize_failure(["random\n"]) == "see the log"
+    # apt's "E" and ": message" split across lines by its open progress line (seen in a CI run)
+    split = [*tail[:1], "#5 3.285 Building dependency tree...E\n", "#5 3.809 Reading state information...\n",
+             "#5 3.820 : Unable to locate package nope\n", *tail[3:]]
+    assert buildkit.summarize_failure(split) == "at [base 2/2] (exit code 100): E: Unable to locate package nope"
 
 
 def test_one_cache_dir_for_builds_and_sglang_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

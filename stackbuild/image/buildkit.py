@@ -198,10 +198,29 @@ _STEP_FAILED_RE = re.compile(r"^ ?> \[([^\]]+)\]")
 _CAUSE_WORDS = "E: |error|Error|ERROR|fatal|No such|not found|cannot|denied|failed|nonexistent"
 _CAUSE_RE = re.compile(rf"^#\d+ \d+\.\d+ (.*(?:{_CAUSE_WORDS}).*)$")
 _EXIT_RE = re.compile(r"exit code: (\d+)")
+# apt writes its error's letter and ": message" to stderr in two writes. While its stdout has a
+# progress line open, BuildKit's merged stream ends that line with the letter and gives the
+# message a line of its own, maybe after more progress lines (a CI run: "#5 3.285 Building
+# dependency tree...E", "#5 3.809 Reading state information...", "#5 3.820 : Unable to locate
+# package ..."); the letter goes back in front of its message
+_LETTER_LEFT_RE = re.compile(r"^(#(\d+) \d+\.\d+ .*\.\.\.)([EW])$")
+_MESSAGE_RE = re.compile(r"^(#(\d+) \d+\.\d+ ): (.*)$")
+
+
+def _unsplit(tail: list[str]) -> list[str]:
+    lines = [ln.rstrip("\n") for ln in tail]
+    letters: dict[str, str] = {}  # step -> the letter its progress line was left with
+    for i, ln in enumerate(lines):
+        if left := _LETTER_LEFT_RE.match(ln):
+            lines[i], letters[left.group(2)] = left.group(1), left.group(3)
+        elif (msg := _MESSAGE_RE.match(ln)) and msg.group(2) in letters:
+            lines[i] = f"{msg.group(1)}{letters.pop(msg.group(2))}: {msg.group(3)}"
+    return lines
 
 
 def summarize_failure(tail: list[str]) -> str:
     """`at [stage i/n] (exit code N): <the step's own last error line>` (pure)."""
+    tail = _unsplit(tail)
     step = next((m.group(1) for ln in tail if (m := _STEP_FAILED_RE.match(ln))), None)
     causes = [m.group(1).strip() for ln in tail if (m := _CAUSE_RE.match(ln.rstrip()))]
     code = next((m.group(1) for ln in reversed(tail) if (m := _EXIT_RE.search(ln))), None)
