@@ -70,9 +70,14 @@ def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
     # the build is in the ledger too, linked to the deploy that promoted it
     builds = table.split("## Builds", 1)[1]
     assert "| sim | `127.0.0.1:5000/stackbuild:sim-" in builds and "promoted on root@127.0.0.1:" in builds
-    assert "demo: exit codes: baseline=0, eagle3-topk1-v2=0" in out
-    # promoted under the sim stack's policy (C=1 may lose 8%, C>=2 must not lose), and the table says why
-    assert "allowed -8%: PASS)" in table and "must not lose (margin 2%): PASS)" in table
+    # eagle3-topk1-v2 under the sim stack's policy (C=1 may lose 8%, C>=2 must not lose), and the table
+    # says why. By the model it is 6.5% slower at C=1, 1.5 points inside the bar: promoted on an idle
+    # machine, but with the suite on two CPUs one CI run measured -7.1% (CI -8.5%..-5.6%) after 16
+    # runs: inconclusive, which the gate must then say, never a failure
+    codes = re.search(r"^demo: exit codes: baseline=0, eagle3-topk1-v2=([03]), ", out, re.M)
+    assert codes, out[-3000:]
+    c1 = "PASS" if codes.group(1) == "0" else "INCONCLUSIVE"
+    assert f"allowed -8%: {c1})" in table and "must not lose (margin 2%): PASS)" in table
     gone = subprocess.run(["/usr/bin/docker", "inspect", name], capture_output=True)
     assert gone.returncode != 0, "--remove-host left the host container behind"
 
