@@ -29,7 +29,7 @@ from stackbuild.host.request import GateFn
 from stackbuild.host.session import Reach, RunOptions
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions
 from stackbuild.host.state import HostState
-from stackbuild.render.gateway import pool_file, pool_urls
+from stackbuild.render.gateway import key_file, pool_file, pool_urls
 from stackbuild.results.display import Sink
 from stackbuild.spec.fleet import Fleet, FleetHost
 from stackbuild.spec.gateway import Gateway as GatewaySpec
@@ -86,7 +86,8 @@ def gateway_on(host: FakeHost, host_of: Callable[[str], FakeHost], request_s: fl
     def up() -> bool:
         if host.serving(gw.port) is None:
             return False
-        if not started:
+        if not started:  # smg reads its key file and its pool file when it starts
+            fake.key = host.files.get(key_file(gw))
             started.append(fake.start(*pool_urls(host.files.get(pool_file(gw)))))
         return True
 
@@ -185,9 +186,9 @@ class FakeReach(Reach):
         healthy, _ = self._fake(remote)[1].http_probe(url).health()
         return (200 if healthy else 503), ""
 
-    def gateway_api(self, remote: Remote, url: str) -> Gateway:
+    def gateway_api(self, remote: Remote, url: str, key: str | None) -> Gateway:
         assert self.gw is not None and url == self.gw.url, f"no fake gateway at {url}"
-        return self.gw
+        return self.gw.client(key)
 
     def in_flight(self, remote: Remote, base_url: str, worker: str) -> float | None:
         assert self.gw is not None

@@ -9,7 +9,7 @@ import pytest
 from helpers_gateway import worker_api_contract
 
 from stackbuild.effects import http
-from stackbuild.effects.gateway import Drained, HttpGateway, Worker, drain, worker_in_flight
+from stackbuild.effects.gateway import Drained, HttpGateway, Unauthorized, Worker, drain, worker_in_flight
 from stackbuild.effects.gateway_fake import FakeClock, FakeGateway
 from stackbuild.errors import InfraError
 
@@ -180,3 +180,48 @@ def test_the_fake_keeps_the_contract_the_real_gateway_keeps() -> None:
     gw = FakeGateway(clock.pace(0.5), join_s=1.0).start(A)
     worker_api_contract(gw, A, B, timeout_s=5)
     assert gw.calls == [f"add {B}", f"add {B}", f"remove {A}", f"remove {A}", f"add {A}"]
+
+
+class Headers(Script):
+    """Script that also keeps the headers of each call."""
+
+    def __init__(self, *steps: tuple[str, str, int, Any]) -> None:
+        super().__init__(*steps)
+        self.headers: list[dict[str, str]] = []
+
+    def __call__(self, method: str, url: str, *, body: bytes | None = None, headers: Any = None,
+                 timeout: float = 0) -> http.Reply:
+        self.headers.append(dict(headers or {}))
+        return super().__call__(method, url, body=body, headers=headers, timeout=timeout)
+
+
+def test_every_call_carries_the_control_plane_key_and_a_refusal_names_no_key() -> None:
+    script = Headers(("GET", "/workers", *listing(info(ID_A, A))),
+                     ("DELETE", f"/workers/{ID_A}", 401, b"Invalid authentication token"))
+    gw = HttpGateway(GW, send=script, pace=FakeClock().pace(0.5), key="k3y-abc")
+    assert "k3y-abc" not in repr(gw)
+    with pytest.raises(Unauthorized) as err:
+        gw.remove(A, timeout_s=5)
+    assert script.headers == [{"Authorization": "Bearer k3y-abc"}] * 2
+    assert str(err.value) == (
+        "gateway http://127.0.0.1:30080: DELETE /workers/" + ID_A + ": HTTP 401: it does not take stackbuild's "
+        "control-plane key; redeploy the stack so its unit runs with the key file stackbuild keeps on its host")
+    # an open gateway's client sends none
+    open_script = Headers(("GET", "/workers", *listing()))
+    HttpGateway(GW, send=open_script).workers()
+    assert open_script.headers == [{}]
+
+
+def test_the_fake_gateway_refuses_a_caller_without_its_key_as_smg_does() -> None:
+    clock = FakeClock()
+    fake = FakeGateway(clock.pace(), key="the-key").start(A)
+    for caller in (fake.client(None), fake.client("another")):
+        with pytest.raises(Unauthorized):
+            caller.workers()
+        with pytest.raises(Unauthorized):
+            caller.add(B, timeout_s=5)
+        with pytest.raises(Unauthorized):
+            caller.remove(A, timeout_s=5)
+    assert (fake.refusals, fake.calls, [w.url for w in fake.workers()]) == (6, [], [A])
+    worker_api_contract(fake.client("the-key"), A, B, timeout_s=5)
+    assert fake.refusals == 6

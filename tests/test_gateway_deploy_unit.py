@@ -10,9 +10,10 @@ the plan announced.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+import pytest
 from helpers_deploy import (
     CAND_UNIT,
     CANDIDATE,
@@ -33,16 +34,17 @@ from helpers_deploy import (
 from helpers_fleet import GATEWAY_SPEC, GW_IMAGE, FakeReach, gateway_on, look
 from test_converge_unit import conv
 
+from stackbuild.effects.gateway import Unauthorized
 from stackbuild.effects.gateway_fake import FakeGateway
 from stackbuild.host import converge
 from stackbuild.host.deploy import deploy
 from stackbuild.host.dryrun import DryRunRemote
 from stackbuild.host.fake import SERVES, Client, FakeHost
-from stackbuild.host.gateway import edit_pool, ensure
+from stackbuild.host.gateway import GatewayRecord, edit_pool, ensure
 from stackbuild.host.pool import GatewayLink
-from stackbuild.host.session import DeployArgs, run_deploy, run_rollback
+from stackbuild.host.session import DeployArgs, gateway_lines, run_deploy, run_rollback
 from stackbuild.host.ssh import SshOptions
-from stackbuild.render.gateway import pool_file, pool_urls
+from stackbuild.render.gateway import key_file, pool_file, pool_urls
 from stackbuild.spec.stack import Stack
 
 PORT, STAGING = 31000, 31001
@@ -245,3 +247,65 @@ def test_rollback_with_the_stack_drains_through_its_gateway() -> None:
     assert cur is not None and (cur.image, cur.slot) == (INCUMBENT, "main") and CAND_UNIT not in host.running
     assert pool(host, gw) == ([U_MAIN], [U_MAIN])
     assert (gw.failed, gw.failures) == (0, [])
+
+
+ROGUE = "http://10.9.9.9:8000"
+
+
+def test_deploy_makes_the_control_plane_key_on_the_gateway_host_uses_it_and_says_it_nowhere(tmp_path: Path) -> None:
+    host = with_incumbent()
+    host.registry.add(GW_IMAGE)
+    host.servers[GW_IMAGE] = SERVES
+    gw = gateway_on(host, lambda _: host)
+    lines: list[str] = []
+    stack = sim_stack()
+    stack = stack.model_copy(update={"host": stack.host.model_copy(update={"channel": None})})  # no registry here
+    args = DeployArgs(stack=stack, ssh=SshOptions(), host_text="root@127.0.0.1", strategy="side-by-side",
+                      image=CANDIDATE, gateway_image=GW_IMAGE, ledger=tmp_path / "ledger.db", root=tmp_path,
+                      tunnel=False, reach=FakeReach({"127.0.0.1": host}, gw=gw))
+    assert run_deploy(args, echo=lines.append) == 0, "\n".join(lines)
+    key = host.files[key_file(GATEWAY_SPEC)]
+    # made on the host, once, 0600; the gateway started with it and took every call stackbuild made
+    assert (key, host.modes[key_file(GATEWAY_SPEC)], host.keys_made) == ("fake-key-1-" + host.address, 0o600, 1)
+    assert (gw.key, gw.refusals) == (key, 0) and pool(host, gw) == ([U_STAGING], [U_STAGING])
+    assert run_deploy(args, echo=lines.append) == 0 and host.keys_made == 1  # the next deploy reuses it
+    # nowhere else: not in the output, the step logs, the ledger, the unit, the pool file, any other host file
+    logs = [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()]
+    assert logs and not [b for b in logs if key.encode() in b]
+    assert key not in "\n".join(lines)
+    assert [p for p, text in host.files.items() if key in text] == [key_file(GATEWAY_SPEC)]
+    # an open caller -- anyone on the network -- is refused
+    with pytest.raises(Unauthorized):
+        gw.client(None).add(ROGUE, timeout_s=5)
+    assert gw.refusals == 1 and ROGUE not in [w.url for w in gw.workers()]
+
+
+def test_a_worker_stackbuild_did_not_put_in_the_gateway_is_named_and_pruned_on_request() -> None:
+    host = with_incumbent()
+    gw, link = behind_gateway(host)
+    link.read_pool = lambda: pool_urls(host.files.get(pool_file(GATEWAY_SPEC)))
+    link.bring_up(PORT)
+    gw.start(ROGUE)  # someone with the key (or a gateway of old, open) added it
+    said = link.bring_up(PORT)
+    assert said.endswith(f"; WARNING: the gateway routes to 1 worker(s) stackbuild did not put there: {ROGUE}; "
+                         "`deploy --prune-workers` removes them")
+    assert sorted(w.url for w in gw.workers()) == sorted([U_MAIN, ROGUE])  # named only
+    link.prune = True
+    said = link.bring_up(PORT)
+    assert said.endswith(f"; removed 1 worker(s) stackbuild did not put there (--prune-workers): {ROGUE}")
+    assert pool(host, gw) == ([U_MAIN], [U_MAIN]) and gw.calls[-1] == f"remove {ROGUE}"
+    assert link.bring_up(PORT).endswith(f"{U_MAIN} in the gateway")  # nothing odd left: nothing said
+
+
+def test_status_names_a_worker_stackbuild_did_not_put_there(tmp_path: Path) -> None:
+    host = with_incumbent()
+    gw, link = behind_gateway(host)
+    link.bring_up(PORT)
+    gw.start(ROGUE)
+    rec = GatewayRecord(service=GATEWAY_SPEC.service, image=GW_IMAGE, port=GATEWAY_SPEC.port, stack="sim", at="now")
+    lines = gateway_lines(FakeReach({"127.0.0.1": host}, gw=gw), host, lambda port: nullcontext(gw_url()), rec)
+    assert lines[1:] == [
+        f"    {U_MAIN}: ready, 2 in flight",  # the test client's requests
+        f"    {ROGUE}: ready, 0 in flight, NOT put there by stackbuild (not in its pool file; "
+        "`deploy --prune-workers` removes it)",
+        "  WARNING: 1 worker(s) in the gateway that stackbuild did not put there"]

@@ -169,7 +169,8 @@ def test_a_drain_that_does_not_end_puts_the_host_back_and_stops_the_rollout_exit
     assert "drain of http://127.0.0.1:31000 from the gateway http://127.0.0.1:31080 did not finish" in out
     # drained, then back in when it did not empty in time; its server never stopped
     assert of(timeline, "h0") == ["add http://127.0.0.1:31000", "remove http://127.0.0.1:31000",
-                                  "add http://127.0.0.1:31000"]
+                                  "add http://127.0.0.1:31000",
+                                  "add http://127.0.0.1:31000"]  # the rollout makes sure: in already
     assert state(fakes["h0"]).current.image == INCUMBENT and state(fakes["h0"]).pending is None  # type: ignore[union-attr]
     assert pool(fakes, gw) == ([f"{URL[h]}:31000" for h in fakes],) * 2
     assert gw.failed == 0
@@ -254,3 +255,41 @@ def test_a_gateway_port_another_process_holds_refuses_the_rollout_before_any_ser
             "by another process: free it or change gateway.port; no server was changed; every step in ") in run.out[-1]
     assert [state(f).current.image for f in fakes.values()] == [INCUMBENT] * 3  # type: ignore[union-attr]
     assert not [e for e in timeline if " stop " in e or " start " in e]
+
+
+def test_a_gateway_lost_mid_drain_is_named_in_the_summary_and_the_next_run_puts_the_host_back(
+        tmp_path: Path) -> None:
+    """The smg container killed during h1's drain and gone for the rest of the run: h1 serves but is out of
+    the pool (and of its file). Never silent: its row and the summary say so, exit 4; the next run (the
+    gateway back, started from its pool file) puts it back."""
+    fakes = fake_fleet()
+    gw = fleet_gateway(fakes)
+    timeline, client = traced(fakes, gw)
+    stack = fleet_stack("side-by-side")
+    lost = [False]
+    alive = gw.up
+    gw.up = lambda: not lost[0] and alive()
+
+    def kill_gateway(address: str, argv: list[str]) -> bool:  # h1's drain began: out of the pool file
+        if address == "root@h0" and argv[:3] == ["sh", "-c", POOL_SCRIPT] and argv[-1] == "-http://h1:31000":
+            lost[0] = True
+        return False
+
+    run = rollout(fakes, stack, tmp_path, gates(fakes, timeline), die_before=client, die_after=kill_gateway, gw=gw)
+    assert run.code == 4, "\n".join(run.out)
+    said = "\n".join(run.out)
+    assert "| h1 | 1 | refused |  |  | NOT in the gateway (serving); GET http://127.0.0.1:31080/workers" in said
+    assert ("; NOT in the gateway though serving: h1 (the gateway at http://127.0.0.1:31080 does not answer after "
+            "60s") in said and "the next rollout puts them back" in said
+    assert fakes["h1"].serving(31000) == INCUMBENT and "http://h1:31000" not in pool_urls(
+        fakes["h0"].files[pool_file(GATEWAY_SPEC)])
+    # the gateway comes back (its unit restarted): it starts with its pool file, without h1; the next run
+    # puts h1 back before it touches anything
+    again = fleet_gateway(fakes).start(*pool_urls(fakes["h0"].files[pool_file(GATEWAY_SPEC)]))
+    again.key = gw.key
+    timeline2, client2 = traced(fakes, again)
+    rerun = rollout(fakes, stack, tmp_path, gates(fakes, timeline2), die_before=client2, gw=again)
+    assert rerun.code == 0, "\n".join(rerun.out)
+    assert of(timeline2, "h1")[0] == "add http://h1:31000"
+    assert pool(fakes, again) == ([f"{URL[h]}:31001" for h in fakes],) * 2
+    assert (again.failed, again.failures) == (0, [])

@@ -15,7 +15,7 @@ import pytest
 from helpers_spec import run_cli
 
 from stackbuild.paths import shipped_dir
-from stackbuild.render.gateway import declared_workers, render_gateway, smg_argv
+from stackbuild.render.gateway import declared_workers, docker_argv, render_gateway, smg_argv
 from stackbuild.spec.fleet import FleetHost
 from stackbuild.spec.gateway import Gateway, HealthCheck
 from stackbuild.spec.gateway_check import LOCK_DIR
@@ -30,6 +30,7 @@ def test_rendered_gateway_matches_golden() -> None:
     files = dict(render_gateway(load_stack("sim", root=ROOT)).files)
     # the lock travels as it is: compared with the committed file, not copied into golden/
     assert files.pop("gateway/requirements.lock") == LOCK.read_text()
+    assert files.pop("gateway/smg_launch.py") == (ROOT / "templates" / "smg_launch.py").read_text()
     if os.environ.get("STACKBUILD_UPDATE_GOLDEN"):
         shutil.rmtree(GOLDEN, ignore_errors=True)
         for rel, text in files.items():
@@ -49,11 +50,29 @@ def test_smg_argv_spells_every_setting() -> None:
         "--health-check-interval-secs", "4", "--health-check-timeout-secs", "2",
         "--health-failure-threshold", "2", "--health-success-threshold", "1",
         "--health-check-endpoint", "/health_generate",
-        "--retry-max-retries", "3", "--shutdown-grace-period-secs", "60",
+        "--retry-max-retries", "3", "--worker-startup-check-interval", "1", "--shutdown-grace-period-secs", "60",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", "8089",
         "--disable-tokenizer-autoload", "--log-level", "info",
     ]  # fmt: skip
     assert "--worker-urls" not in smg_argv(gw, [])
+
+
+def test_keys_reach_smg_by_file_and_environment_never_by_argument() -> None:
+    gw = Gateway(listen="127.0.0.1", port=8080, metrics_port=8089, policy="round_robin", service="gw",
+                 api_keys=("TEAM_A",))
+    argv = docker_argv(gw, image="reg/gw@sha256:abc", workers=["$WORKER_URLS"])
+    assert argv[:16] == [
+        "/usr/bin/docker", "run", "--rm", "--name", "gw", "--network", "host",
+        "--volume", "/etc/stackbuild/gw.control-plane.key:/run/stackbuild/control-plane.key:ro",
+        "--env-file", "/etc/stackbuild/gw.env", "--label", "dev.stackbuild.unit=gw", "reg/gw@sha256:abc",
+        "python3", "/opt/stackbuild/smg_launch.py",
+    ]  # fmt: skip
+    assert argv[16:22] == ["--control-plane-key-file", "/run/stackbuild/control-plane.key",
+                           "--data-plane-key", "TEAM_A", "--", "launch"]
+    assert argv[22:] == smg_argv(gw, ["$WORKER_URLS"])[2:]
+    open_gw = gw.model_copy(update={"api_keys": ()})
+    assert "--env-file" not in docker_argv(open_gw, image="i", workers=[])
+    assert "--data-plane-key" not in docker_argv(open_gw, image="i", workers=[])
 
 
 def test_declared_workers_are_the_hosts_serving_ports_loopback_on_the_gateways_own(tmp_path: Path) -> None:

@@ -31,14 +31,32 @@ gateway:
 """
 
 
+OPEN = "[gateway-open]"  # SIM listens on 0.0.0.0 with no data-plane key: its own test below
+
+
 def validate(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, *, lock: bool = True
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, *, lock: bool = True, open_ok: bool = True
 ) -> tuple[int, list[str]]:
     root = project(tmp_path, {"g.yaml": text})
     if lock:  # the committed gateway lock, as a project that ran `stackbuild lock g --gateway` has it
         shutil.copytree(ROOT / LOCK_DIR, root / LOCK_DIR)
     rc, err, _ = run_cli(capsys, "--root", str(root), "validate", "g", "--offline")
-    return rc, [ln for ln in err if not ln.startswith("stackbuild:")]
+    return rc, [ln for ln in err if not ln.startswith("stackbuild:") and not (open_ok and ln.endswith(OPEN))]
+
+
+def test_listening_everywhere_with_no_data_plane_key_is_a_warning(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert validate(tmp_path / "1", capsys, SIM, open_ok=False) == (0, [
+        "stacks/g.yaml:12:1: warning: gateway.listen: 0.0.0.0 serves completions to whoever reaches port 31080, "
+        "with no key; set gateway.api_keys (their values in the gateway host's secrets file) or listen on a private "
+        "address [gateway-open]"])
+    assert validate(tmp_path / "2", capsys, SIM + "  listen: '::'\n", open_ok=False)[1] == [
+        "stacks/g.yaml:14:11: warning: gateway.listen: :: serves completions to whoever reaches port 31080, "
+        "with no key; set gateway.api_keys (their values in the gateway host's secrets file) or listen on a private "
+        "address [gateway-open]"]
+    assert validate(tmp_path / "3", capsys, SIM + "  api_keys: [TEAM_A]\n", open_ok=False) == (0, [])
+    assert validate(tmp_path / "4", capsys, SIM + "  listen: 10.0.0.5\n", open_ok=False) == (0, [])
+    assert load_stack("g", root=tmp_path / "3").gateway == Gateway(port=31080, api_keys=("TEAM_A",))
 
 
 def test_a_gateway_with_its_lock_is_valid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,6 +84,8 @@ CASES = [
     pytest.param("  policy: fastest\n", "stacks/g.yaml:14:11: error: gateway.policy: Input should be 'random', "
                  "'round_robin', 'passthrough', 'cache_aware', 'power_of_two', 'least_load', 'manual', "
                  "'consistent_hashing' or 'prefix_hash' (got 'fastest') [type]", id="policy"),
+    pytest.param("  api_keys: [team-a]\n", "stacks/g.yaml:14:14: error: gateway.api_keys.0: not an environment "
+                 "variable name (letters, digits, _) (got 'team-a') [type]", id="api-key-name"),
     pytest.param("  service: ../etc\n", "stacks/g.yaml:14:12: error: gateway.service: not an identifier: letters, "
                  "digits, _-. (max 63, no '..') (got '../etc') [type]", id="service"),
 ]

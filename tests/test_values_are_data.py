@@ -258,7 +258,8 @@ def _check_gateway(tmp: Path, path: tuple[Any, ...], value: str) -> None:
     assert re.fullmatch(r"http://[^\s\"'$`\\]+:31000", url), url
     got, want = render_gateway(stack), render_gateway(base)
     unit = f"units/{gw.service}.service"
-    assert set(got.files) == {"gateway/Dockerfile", "gateway/requirements.lock", unit, f"units/{gw.service}.workers"}
+    assert set(got.files) == {"gateway/Dockerfile", "gateway/requirements.lock", "gateway/smg_launch.py", unit,
+                              f"units/{gw.service}.workers"}
     base_unit = next(text for rel, text in want.files.items() if rel.endswith(".service"))
     entries, base_entries = unit_entries(got.files[unit]), unit_entries(base_unit)
     assert [(s, k) for s, k, _ in entries] == [(s, k) for s, k, _ in base_entries]

@@ -124,6 +124,8 @@ def _root(ctx: click.Context) -> Path:
 )
 @click.option("--soak", "soak_s", type=click.FloatRange(min=0), default=None,
               help="With --fleet: seconds to watch each wave after it is promoted (default: host.fleet.soak_s).")
+@click.option("--prune-workers", is_flag=True,
+              help="Remove workers the gateway routes to that stackbuild did not put there (default: name them).")
 @progress_option
 @click.pass_context
 def deploy_cmd(
@@ -148,6 +150,7 @@ def deploy_cmd(
     inventory: Path | None,
     on_failure: str | None,
     soak_s: float | None,
+    prune_workers: bool,
     show_progress: bool | None,
 ) -> None:
     """Deploy STACK to a host over SSH, gate it against the incumbent, promote or roll back.
@@ -185,6 +188,7 @@ def deploy_cmd(
             root=_root(ctx),
             secrets={n: os.environ[n] for n in stack.runtime.secrets if n in os.environ},
             progress=wants_live(show_progress),
+            prune_workers=prune_workers,
         )
         _exit(run_fleet(fargs, echo=click.echo))
         return
@@ -203,6 +207,7 @@ def deploy_cmd(
         dry_run=dry_run,
         secrets={n: os.environ[n] for n in stack.runtime.secrets if n in os.environ},
         progress=wants_live(show_progress),
+        prune_workers=prune_workers,
     )
     if not args.host_text:
         raise InputError(f"{stack.source}: no host: pass --host [USER@]HOST[:PORT] or set host.address in the spec")

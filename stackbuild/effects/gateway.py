@@ -10,6 +10,10 @@ in-flight requests run on -- for the worker's `drain_settle_secs`, then drops it
 a settle of 0 and wait ourselves, on the worker's own count of what it has in flight
 (its /metrics: `sglang:num_running_reqs` + `sglang:num_queue_reqs`), bounded.
 
+Its control plane (`/workers`) takes a key: smg `--control-plane-api-keys`, sent as
+`Authorization: Bearer KEY` (smg crates/auth middleware; without it, or with another, 401).
+`HttpGateway` sends the one stackbuild made on the gateway's host (host/gateway.py).
+
 `HttpGateway` is the gateway over HTTP; `FakeGateway` (effects/gateway_fake.py) the same
 operations in memory, for the logic written against `Gateway`. `drain` is that logic's
 one step: out of the pool, then wait until nothing is in flight. See docs/gateway.md.
@@ -53,6 +57,16 @@ class Drained:
     in_flight: float | None  # the last count read (None: unreadable)
     seconds: float
     detail: str
+
+
+class Unauthorized(InfraError):
+    """The gateway refused the control-plane key (HTTP 401/403): nothing was changed."""
+
+
+def refused(url: str, what: str, status: int) -> Unauthorized:
+    # never the key itself: this goes to the terminal, the step log and the ledger
+    return Unauthorized(f"gateway {url}: {what}: HTTP {status}: it does not take stackbuild's control-plane key; "
+                        "redeploy the stack so its unit runs with the key file stackbuild keeps on its host")
 
 
 class Gateway(Protocol):
@@ -132,6 +146,7 @@ class HttpGateway:
     url: str
     send: Callable[..., http.Reply] = http.request
     pace: Pace = field(default_factory=lambda: Pace(interval_s=0.2))
+    key: str | None = field(default=None, repr=False)  # the control-plane key (None: an open gateway)
 
     def __post_init__(self) -> None:
         self.url = norm(self.url)
@@ -139,7 +154,12 @@ class HttpGateway:
     def _call(self, method: str, path: str, doc: Any = None) -> http.Reply:
         body = None if doc is None else json.dumps(doc).encode()
         headers = {} if doc is None else {"Content-Type": "application/json"}
-        return self.send(method, self.url + path, body=body, headers=headers, timeout=10.0)
+        if self.key:
+            headers["Authorization"] = f"Bearer {self.key}"
+        reply = self.send(method, self.url + path, body=body, headers=headers, timeout=10.0)
+        if reply.status in (401, 403):
+            raise refused(self.url, f"{method} {path}", reply.status)
+        return reply
 
     def _json(self, reply: http.Reply, what: str) -> Any:
         try:

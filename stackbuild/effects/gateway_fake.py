@@ -7,6 +7,8 @@ request through the gateway: it runs `request_s` on a routable worker that answe
 robin; smg retries a dead one elsewhere), or fails when there is none; a request whose
 worker stops answering before it ends fails too (smg does not retry a stream that has
 begun). `failed` is the count the fleet's gateway logic must keep at zero.
+`key`: the control-plane key it started with (None: an open gateway); `client(key)` is a caller
+presenting `key`, refused as smg refuses it (`Unauthorized`, its HTTP 401) when it is not that one.
 `in_flight_of(worker)` is that worker's own count, what `drain` waits on. `up()` false:
 the gateway itself does not answer (its unit is not running). A rollout's wave calls it from
 one thread per host, as smg serves concurrent callers: every method holds one lock (a dict
@@ -19,7 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stackbuild.effects.gateway import READY, Worker, norm
+from stackbuild.effects.gateway import READY, Worker, norm, refused
 from stackbuild.effects.http import NoAnswer
 from stackbuild.effects.readiness import Pace
 from stackbuild.errors import InfraError
@@ -50,6 +52,8 @@ class FakeGateway:
     down: set[str] = field(default_factory=set)
     serves: Callable[[str], bool] | None = None  # does the server at this URL answer (None: all but `down`)
     up: Callable[[], bool] = lambda: True
+    key: str | None = field(default=None, repr=False)  # the control-plane key it takes (None: open)
+    refusals: int = 0  # control-plane calls refused for their key
     calls: list[str] = field(default_factory=list)  # "add URL" | "remove URL", in order
     sent: int = 0
     failed: int = 0
@@ -149,3 +153,42 @@ class FakeGateway:
         url = norm(worker)
         with self._lock:
             return float(len(self._live(url))) if self._answers(url) else None
+
+    def client(self, key: str | None) -> FakeClient:
+        """The gateway as a caller presenting `key` (in `Authorization: Bearer`) reaches it."""
+        return FakeClient(self, key)
+
+
+@dataclass
+class FakeClient:
+    """A caller of a FakeGateway's control plane with a key: each call refused unless it is the gateway's."""
+
+    gw: FakeGateway
+    key: str | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return self.gw.url
+
+    @property
+    def pace(self) -> Pace:
+        return self.gw.pace
+
+    def _auth(self, what: str) -> None:
+        self.gw._check_up()
+        if self.gw.key is not None and self.key != self.gw.key:
+            with self.gw._lock:
+                self.gw.refusals += 1
+            raise refused(self.gw.url, what, 401)
+
+    def workers(self) -> list[Worker]:
+        self._auth("GET /workers")
+        return self.gw.workers()
+
+    def add(self, worker: str, *, timeout_s: float) -> Worker:
+        self._auth("POST /workers")
+        return self.gw.add(worker, timeout_s=timeout_s)
+
+    def remove(self, worker: str, *, timeout_s: float) -> bool:
+        self._auth("DELETE /workers")
+        return self.gw.remove(worker, timeout_s=timeout_s)

@@ -26,6 +26,7 @@ from stackbuild.fleet.soak import Sample, SoakResult, parse_counters, soak
 from stackbuild.gate.result import GateResult
 from stackbuild.host import converge, units
 from stackbuild.host.deploy_steps import deploy_ports, place, slot_port
+from stackbuild.host.gateway import wait_answering
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.pool import GatewayLink
 from stackbuild.host.preflight import run_preflight
@@ -219,7 +220,8 @@ class RealOps:
         with self._connect(self.gateway_at) as r, gateway_link(
                 self.run.reach, self.run.ssh, self.run.tunnel, self.run.stack, gateway_at=self.gateway_at,
                 server_at=self.gateway_at, server=r, endpoint=Endpoint(r, parse_host(self.gateway_at), self.run.tunnel),
-                image=self.run.gateway_image, pull_timeout_s=self.pull_timeout_s) as link:
+                image=self.run.gateway_image, pull_timeout_s=self.pull_timeout_s,
+                prune=self.run.prune_workers) as link:
             assert link is not None
             said = link.bring_up(None, pool=first)
         self.sink(Note(f"fleet: gateway on {at or self.gateway_at}: {said}"))  # once per rollout
@@ -238,6 +240,8 @@ class RealOps:
             port = self.serving_port(host, r)
             if link is None or port is None:
                 return None
+            # a gateway that restarts (Restart=always: killed, say) is waited for, within the join bound
+            wait_answering(link.api, link.join_timeout_s)
             return link.join(port)
 
     def view(self, host: str) -> HostView:
@@ -262,23 +266,33 @@ class RealOps:
                     try:
                         self.log(host, f"gateway: {link.leave_or_back(port)}")
                     except StackbuildError as err:
+                        # the gateway may have gone mid-drain (killed, restarting) with the host already out
+                        # of its pool file: it serves, so it goes back in, or the summary names it
                         self.say(host, [f"gateway: {err}"])
-                        return DeployResult("refused", EXIT_INFRA, cause=str(err).splitlines()[0])
+                        return DeployResult("refused", EXIT_INFRA, cause=str(err).splitlines()[0],
+                                            out_of_gateway=self._rejoin_safely(host))
         try:
-            return self._deploy(host, hs)
-        finally:
+            result = self._deploy(host, hs)
+        except BaseException:
             if hs.gateway is not None:
                 self._rejoin_safely(host)
+            raise
+        if hs.gateway is not None and (why := self._rejoin_safely(host)) is not None:
+            result = replace(result, out_of_gateway=why)
+        return result
 
-    def _rejoin_safely(self, host: str) -> None:
+    def _rejoin_safely(self, host: str) -> str | None:
+        """Whatever `host` serves back in the gateway; None when it is, else why not (said, and named in
+        the rollout's summary: the next rollout puts it back)."""
         try:
             said = self._rejoin(host)
         except StackbuildError as err:
-            self.say(host, [f"gateway: NOT back in the gateway: {str(err).splitlines()[0]}; "
-                            "the next rollout puts it back"])
-            return
+            why = str(err).splitlines()[0]
+            self.say(host, [f"gateway: NOT back in the gateway: {why}; the next rollout puts it back"])
+            return why
         if said:
             self.log(host, f"gateway: {said}")
+        return None
 
     def _deploy(self, host: str, hs: Stack) -> DeployResult:
         reports: list[DeployReport] = []

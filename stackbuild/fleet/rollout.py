@@ -46,6 +46,7 @@ class DeployResult:
     cause: str | None = None
     medians: Mapping[int, float] = field(default_factory=dict)  # candidate output tok/s per level
     noise: Mapping[int, float] = field(default_factory=dict)  # relative spread of its runs per level
+    out_of_gateway: str | None = None  # it serves, but could not be put back in the gateway: why
 
 
 class FleetOps(Protocol):
@@ -158,7 +159,13 @@ def run_rollout(
                 rec.host(res.rows[h])
     everyone = [h for w in waves for h in w]
 
+    left_out: dict[str, str] = {}  # hosts that serve but are not in the gateway: named in the summary
+
     def stop(outcome: str, code: int, cause: str) -> RolloutResult:
+        if left_out:  # never silent: a host out of the pool is capacity lost until the next run puts it back
+            names = ", ".join(f"{h} ({why})" for h, why in sorted(left_out.items()))
+            cause = f"{cause}; NOT in the gateway though serving: {names}; the next rollout puts them back"
+            code = code or EXIT_INFRA
         res.outcome, res.exit_code, res.cause = outcome, code, cause
         for row in res.rows.values():
             rec.host(row)
@@ -228,6 +235,9 @@ def run_rollout(
             else:
                 row.outcome, row.verdict, row.detail = r.outcome, r.verdict, r.cause or ""
                 row.medians, row.noise = dict(r.medians), dict(r.noise)
+                if r.out_of_gateway is not None:
+                    left_out[h] = r.out_of_gateway
+                    row.detail = "; ".join(x for x in ("NOT in the gateway (serving)", row.detail) if x)
             outcomes[h] = row.outcome
         if not ref and ref_host in results and outcomes.get(ref_host) == PASSED:
             ref = res.rows[ref_host].medians

@@ -30,7 +30,7 @@ from stackbuild.host.fake_server import (
     crashes,
 )
 from stackbuild.host.fake_systemd import FakeSystemd, SysUnit
-from stackbuild.host.gateway import POOL_SCRIPT, RECORDS_SCRIPT
+from stackbuild.host.gateway import KEY_SCRIPT, POOL_SCRIPT, RECORDS_SCRIPT
 from stackbuild.host.preflight import (
     CDI_SCRIPT,
     DOCKER_INFO,
@@ -81,6 +81,7 @@ class FakeHost(FakeSystemd):
     gpus_csv: str | None = None  # nvidia-smi's CSV; None: no nvidia-smi on the host
     free_kib: int = 200 * 2**20
     dockerd_limits: str | None = None  # /proc/PID/limits of dockerd; None: not visible
+    keys_made: int = 0  # control-plane keys this host made (each one differs)
 
     # -- interpretation ----------------------------------------------------------------------
     def _interpret(self, args: list[str], cmd: str) -> RemoteResult:
@@ -173,6 +174,15 @@ class FakeHost(FakeSystemd):
             urls = [u for u in pool_urls(self.files.get(path)) if u not in drop] + [e[1:] for e in edits if e[0] == "+"]
             self.files[path], self.modes[path] = pool_text(urls), 0o644
             return self._ok(cmd)
+        if script == KEY_SCRIPT:  # the gateway's control-plane key: made once (0600), then printed
+            path, mode = p
+            if mode == "create":
+                self._mkdirs(posixpath.dirname(path), 0o700)
+                if not self.files.get(path):
+                    self.keys_made += 1
+                    self.files[path] = f"fake-key-{self.keys_made}-{self.address}"
+                self.modes[path] = 0o600
+            return self._ok(cmd, self.files[path]) if self.files.get(path) else RemoteResult(cmd, 1, "", "")
         if script == RECORDS_SCRIPT:
             (top,) = p
             docs = [self.files[f] for f in sorted(self.files) if f.startswith(top + "/") and f.endswith("/state.json")]

@@ -18,12 +18,12 @@ from stackbuild.effects import http
 from stackbuild.effects.gateway import Gateway, Worker
 from stackbuild.effects.readiness import Pace
 from stackbuild.errors import InfraError
-from stackbuild.host import units
+from stackbuild.host import secrets, units
 from stackbuild.host.preflight import TCP_SCRIPT, Check, parse_listening_ports
 from stackbuild.host.ssh import READ_IF_EXISTS_SCRIPT, Remote, sh_argv
 from stackbuild.host.state import HostLock, HostPaths, me, now_iso
 from stackbuild.host.unit_probe import boot_facts
-from stackbuild.render.gateway import POOL_HEADER, POOL_VAR, pool_file, render_gateway_unit
+from stackbuild.render.gateway import POOL_HEADER, POOL_VAR, key_file, pool_file, render_gateway_unit, secrets_file
 from stackbuild.spec.gateway import Gateway as GatewaySpec
 from stackbuild.spec.stack import Stack
 
@@ -38,6 +38,31 @@ POOL_SCRIPT = (
     f'printf \'%s\\n{POOL_VAR}="%s"\\n\' "{POOL_HEADER}" "${{new# }}" > "$f.tmp" && chmod 0644 "$f.tmp" '
     '&& mv -f "$f.tmp" "$f"'
 )
+
+
+# The control-plane key: made on the gateway's host, never on this machine, never sent anywhere but to the
+# gateway (`Authorization: Bearer`). "create" makes it once (32 random bytes, hex; under flock, born
+# 0600 by umask, renamed into place) and keeps it 0600; then, either way, the key is printed for the
+# caller -- the only output, and only on success (a failure's output carries no key).
+KEY_SCRIPT = (
+    'f=$1\n'
+    'if [ "$2" = create ]; then umask 077; mkdir -p -m 0700 "$(dirname "$f")" && exec 9>>"$f.lock" '
+    '&& flock -w 60 9 || exit 3\n'
+    '  [ -s "$f" ] || { od -An -N32 -tx1 /dev/urandom | tr -d " \\n" > "$f.tmp" && mv -f "$f.tmp" "$f"; } '
+    '|| exit 3\n'
+    '  chmod 0600 "$f" || exit 3; fi\n'
+    '[ -s "$f" ] && cat "$f"'
+)
+
+
+def control_key(remote: Remote, service: str, *, create: bool) -> str | None:
+    """The gateway's control-plane key on its host, made there first when `create` (None: there is none)."""
+    res = remote.run(sh_argv(KEY_SCRIPT, key_file(service), "create" if create else "read"), check=False,
+                     what="the gateway's control-plane key", changes=create)
+    if create and not res.ok:
+        raise InfraError(f"{remote.address}: cannot make the gateway's control-plane key {key_file(service)} "
+                         f"(exit {res.returncode}); check that root can write {secrets.ENV_DIR}")
+    return (res.stdout.strip() or None) if res.ok else None
 
 
 class GatewayRecord(BaseModel):
@@ -75,7 +100,7 @@ def edit_pool(remote: Remote, gw: GatewaySpec, add: list[str], remove: list[str]
         remote.run(sh_argv(POOL_SCRIPT, pool_file(gw), *edits), what="edit the gateway's pool file")
 
 
-def read_pool(remote: Remote, gw: GatewaySpec) -> str | None:
+def read_pool(remote: Remote, gw: GatewaySpec | str) -> str | None:
     res = remote.run(sh_argv(READ_IF_EXISTS_SCRIPT, pool_file(gw)), what="read the gateway's pool file",
                      changes=False)
     return res.stdout or None
@@ -96,6 +121,12 @@ def checks(remote: Remote, stack: Stack) -> list[Check]:
         else:
             out.append(Check("gateway port", False, f"port {port} ({what}) is in use by another process: free it "
                                                     f"or change {what}"))
+    if gw.api_keys:
+        have = secrets.names_in(secrets.read(remote, secrets_file(gw)))
+        missing = [n for n in gw.api_keys if n not in have]
+        out.append(Check("gateway keys", not missing, f"{secrets_file(gw)} sets gateway.api_keys" if not missing else
+                         f"gateway.api_keys: {', '.join(missing)} not set in {secrets_file(gw)} on "
+                         f"{remote.address}; write NAME=\"VALUE\" lines there (mode 0600)"))
     return out
 
 
@@ -108,6 +139,7 @@ def ensure(remote: Remote, stack: Stack, image: str, workers: list[str], *, pull
         if failed := [c.detail for c in checks(remote, stack) if not c.ok]:
             raise InfraError(f"{remote.address}: cannot run the gateway there: {'; '.join(failed)}")
         pulled = units.ensure_image(remote, image, pull_timeout_s)
+        control_key(remote, gw.service, create=True)  # before the unit: docker would mount a missing file as a dir
         if not units.existing(remote, pool_file(gw)):
             edit_pool(remote, gw, workers, [])
         text = render_gateway_unit(stack, image=image)
@@ -159,8 +191,11 @@ def records(remote: Remote, state_dir: str) -> list[GatewayRecord]:
     return out
 
 
-def describe(workers: list[Worker], names: dict[str, str] | None = None) -> list[str]:
-    """One line a worker: its URL (and the host it is, when known), its state, what it has in flight."""
+def describe(workers: list[Worker], names: dict[str, str] | None = None, ours: set[str] | None = None) -> list[str]:
+    """One line a worker: its URL (and the host it is, when known), its state, what it has in flight; one
+    stackbuild did not put there (not in `ours`, the pool file's URLs) is said to be so."""
     names = names or {}
+    odd = ", NOT put there by stackbuild (not in its pool file; `deploy --prune-workers` removes it)"
     return [f"    {w.url}{' (' + names[w.url] + ')' if w.url in names else ''}: {w.status}"
-            f"{'' if w.healthy else ', unhealthy'}, {w.load} in flight" for w in workers] or ["    (no workers)"]
+            f"{'' if w.healthy else ', unhealthy'}, {w.load} in flight"
+            f"{odd if ours is not None and w.url not in ours else ''}" for w in workers] or ["    (no workers)"]

@@ -44,6 +44,9 @@ class GatewayLink:
     # the caller drained the host before the deploy (a rollout): its incumbent stays out until the
     # deploy puts it back (restored) or a candidate takes its place (passed)
     kept_out: bool = False
+    # the URLs of the gateway's pool file (what stackbuild put in the pool); None: not compared
+    read_pool: Callable[[], list[str]] | None = None
+    prune: bool = False  # workers stackbuild did not put there are removed (--prune-workers), not only named
 
     @property
     def url(self) -> str:
@@ -62,7 +65,25 @@ class GatewayLink:
             said.append(self.join(serving))
         elif serving:
             said.append(f"{self.worker_url(serving)} kept out (drained by the rollout)")
+        if (odd := self.strangers()) is not None:
+            said.append(odd)
         return "; ".join(said)
+
+    def strangers(self) -> str | None:
+        """Workers in the gateway that its pool file does not name -- stackbuild did not put them there --
+        named (a warning), and removed when `prune`; None when there are none."""
+        if self.read_pool is None:
+            return None
+        ours = set(self.read_pool())
+        odd = sorted(w.url for w in self.api.workers() if w.url not in ours)
+        if not odd:
+            return None
+        if not self.prune:
+            return (f"WARNING: the gateway routes to {len(odd)} worker(s) stackbuild did not put there: "
+                    f"{', '.join(odd)}; `deploy --prune-workers` removes them")
+        for url in odd:
+            self.api.remove(url, timeout_s=self.join_timeout_s)
+        return f"removed {len(odd)} worker(s) stackbuild did not put there (--prune-workers): {', '.join(odd)}"
 
     def join(self, port: int) -> str:
         """Into the pool (waits until the gateway routes to it), then into the pool file."""

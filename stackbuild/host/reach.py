@@ -15,11 +15,11 @@ from stackbuild.effects.readiness import HttpProbe, Pace, Probe
 from stackbuild.gate.result import GateResult
 from stackbuild.gate.runner import run_gate
 from stackbuild.host.dryrun import DryRunRemote
-from stackbuild.host.gateway import edit_pool, ensure
+from stackbuild.host.gateway import control_key, edit_pool, ensure, read_pool
 from stackbuild.host.pool import GatewayLink
 from stackbuild.host.request import GateFn
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions, connect, parse_host
-from stackbuild.render.gateway import worker_url
+from stackbuild.render.gateway import pool_urls, worker_url
 from stackbuild.spec.gateway_check import hostname
 from stackbuild.spec.profile import GateProfile
 from stackbuild.spec.stack import Stack
@@ -61,9 +61,10 @@ class Reach:
             return status_code, ""
         return status_code, reply.body.decode(errors="replace") if reply.status == 200 else ""
 
-    def gateway_api(self, remote: Remote, url: str) -> Gateway:
-        """The gateway's worker API at `url` (reaching its port on the host `remote` is connected to)."""
-        return HttpGateway(url)
+    def gateway_api(self, remote: Remote, url: str, key: str | None) -> Gateway:
+        """The gateway's worker API at `url` (reaching its port on the host `remote` is connected to), called
+        with the control-plane key `key` (host/gateway.control_key)."""
+        return HttpGateway(url, key=key)
 
     def in_flight(self, remote: Remote, base_url: str, worker: str) -> float | None:
         """What the server at `base_url` (as this process reaches it; `worker`: as the gateway does) has in flight."""
@@ -110,12 +111,14 @@ def same_host(a: str, b: str) -> bool:
 @contextmanager
 def gateway_link(reach: Reach, ssh: SshOptions, tunnel: bool | None, stack: Stack, *, gateway_at: str,
                  server_at: str, server: Remote, endpoint: Callable[[int], Any], image: str | None = None,
-                 pull_timeout_s: float = 1800.0, kept_out: bool = False) -> Iterator[GatewayLink | None]:
+                 pull_timeout_s: float = 1800.0, kept_out: bool = False,
+                 prune: bool = False) -> Iterator[GatewayLink | None]:
     """The gateway in front of the server host `server_at` (connected: `server`, its ports at `endpoint`),
     for as long as the block runs; None when the stack has no gateway. The gateway's own host is
     reached over the server's connection when it is the same host, else over one of its own.
     `image`: the gateway image its unit runs (None: the unit is left as it is). `kept_out`: the caller
-    drained the server host (GatewayLink.kept_out)."""
+    drained the server host (GatewayLink.kept_out). `prune`: workers stackbuild did not put in the gateway
+    are removed when it is brought up (GatewayLink.strangers)."""
     gw = stack.gateway
     if gw is None:
         yield None
@@ -126,8 +129,10 @@ def gateway_link(reach: Reach, ssh: SshOptions, tunnel: bool | None, stack: Stac
         gw_remote = DryRunRemote(gateway_at, reader=gw_remote, echo=getattr(server, "echo", print))
     try:
         gw_endpoint = endpoint if same else Endpoint(gw_remote, parse_host(gateway_at), tunnel)
+        # made on the gateway's host before anything talks to it (a dry run only reads one that is there)
+        key = control_key(gw_remote, gw.service, create=not getattr(gw_remote, "dry_run", False))
         with gw_endpoint(gw.port) as gw_url:
-            api = reach.gateway_api(gw_remote, gw_url)
+            api = reach.gateway_api(gw_remote, gw_url, key)
             at = hostname(gateway_at)
 
             def worker(port: int) -> str:
@@ -141,6 +146,9 @@ def gateway_link(reach: Reach, ssh: SshOptions, tunnel: bool | None, stack: Stac
             def pool(add: list[str], remove: list[str]) -> None:
                 edit_pool(gw_remote, gw, add, remove)
 
+            def pooled() -> list[str]:
+                return pool_urls(read_pool(gw_remote, gw))
+
             def unit(workers: list[str]) -> str:
                 assert image is not None
                 return ensure(gw_remote, stack, image, workers, pull_timeout_s=pull_timeout_s)
@@ -148,7 +156,7 @@ def gateway_link(reach: Reach, ssh: SshOptions, tunnel: bool | None, stack: Stac
             yield GatewayLink(api, worker, watch, pool, {"main": stack.runtime.port,
                                                          "staging": stack.runtime.staging_port},
                               drain_timeout_s=gw.drain_timeout_s, join_timeout_s=stack.runtime.ready_timeout_s,
-                              unit=unit if image else None, kept_out=kept_out)
+                              unit=unit if image else None, kept_out=kept_out, read_pool=pooled, prune=prune)
     finally:
         if not same:
             gw_remote.close()

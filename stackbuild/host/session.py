@@ -33,6 +33,7 @@ from stackbuild.image import registry
 from stackbuild.image.build import BuildResult, build_stack
 from stackbuild.image.context import rendered_for_image
 from stackbuild.image.gateway import build_gateway
+from stackbuild.render.gateway import pool_urls
 from stackbuild.render.stack import image_ref, render_unit
 from stackbuild.results.display import Display, Log, Note, Result, Sink, bind
 from stackbuild.results.ledger import gate_plan as ledger_gate_plan
@@ -66,6 +67,7 @@ class RunOptions:
     gateway_image: str | None = None  # the gateway's, pinned (None: built, or found in the registry, when needed)
     gateway_host: str | None = None  # where the gateway runs, resolved (None: gateway.host, else the deploy's host)
     drained: bool = False  # a rollout drained the host out of the gateway (and brought the gateway up) first
+    prune_workers: bool = False  # workers in the gateway that stackbuild did not put there are removed
     progress: bool = False  # a live view on the terminal (results/display.py); else plain lines
 
     @property
@@ -255,7 +257,8 @@ def _deploy_on(args: DeployArgs, address: HostAddress, profile: GateProfile, fee
         try:
             with restore_on_signal(), gateway_link(args.reach, args.ssh, args.tunnel, args.stack, gateway_at=at,
                                                    server_at=args.host_text, server=remote, endpoint=endpoint,
-                                                   image=gw_image, kept_out=args.drained) as link:
+                                                   image=gw_image, kept_out=args.drained,
+                                                   prune=args.prune_workers) as link:
                 svc.gateway = link
                 rep = deploy(remote, req, svc)
         finally:
@@ -386,10 +389,14 @@ def gateway_lines(reach: Reach, remote: Remote, endpoint: Endpoint, rec: gateway
     head = f"  gateway {rec.service} on port {rec.port} ({rec.image.rsplit('@', 1)[-1][:19]})"
     try:
         with endpoint(rec.port) as url:
-            workers = reach.gateway_api(remote, url).workers()
+            key = gateway.control_key(remote, rec.service, create=False)
+            workers = reach.gateway_api(remote, url, key).workers()
     except StackbuildError as err:
         return [f"{head}: NOT answering ({str(err).splitlines()[0][:160]})"]
-    return [f"{head}: {len(workers)} worker(s)", *gateway.describe(workers, names)]
+    ours = set(pool_urls(gateway.read_pool(remote, rec.service)))
+    odd = [w.url for w in workers if w.url not in ours]
+    warn = [f"  WARNING: {len(odd)} worker(s) in the gateway that stackbuild did not put there"] if odd else []
+    return [f"{head}: {len(workers)} worker(s)", *gateway.describe(workers, names, ours), *warn]
 
 
 def run_rollback(host_text: str, ssh: SshOptions, *, service: str | None, state_dir: str, timeout_s: float,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from stackbuild.paths import templates_dir
 from stackbuild.render.stack import DOCKER, ENV_DIR, HASH_LEN, exec_line, make_env
 from stackbuild.spec.gateway import Gateway
 from stackbuild.spec.gateway_check import gateway_host, hostname, lock_command, lock_text
@@ -19,7 +20,7 @@ from stackbuild.spec.stack import Stack
 @dataclass(frozen=True)
 class RenderedGateway:
     files: dict[str, str]  # relative path -> text (gateway/Dockerfile, gateway/requirements.lock, the unit)
-    content_hash: str  # of the image's inputs: the Dockerfile and the lock
+    content_hash: str  # of the image's inputs: the Dockerfile, the lock and the launcher
 
     @property
     def hash12(self) -> str:
@@ -41,6 +42,9 @@ def smg_argv(gw: Gateway, workers: list[str]) -> list[str]:
         "--health-success-threshold", str(h.success_threshold),
         "--health-check-endpoint", h.endpoint,
         "--retry-max-retries", str(gw.retries),
+        # a worker that does not answer at start (the servers boot beside it) is tried again every
+        # second, not smg's 30 s (router_args.py worker_startup_check_interval): docs/host-lifecycle.md
+        "--worker-startup-check-interval", str(STARTUP_CHECK_S),
         "--shutdown-grace-period-secs", str(gw.shutdown_grace_s),
         # the metrics name every worker's address: kept off the network the clients use
         "--prometheus-host", "127.0.0.1",
@@ -51,10 +55,44 @@ def smg_argv(gw: Gateway, workers: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
+STARTUP_CHECK_S = 1
+# smg's launcher in the gateway image (templates/smg_launch.py): it adds the keys to smg's arguments
+# inside its own process, read from the key file mounted here and the secrets in its environment
+LAUNCHER = "smg_launch.py"
+LAUNCHER_IN_IMAGE = f"/opt/stackbuild/{LAUNCHER}"
+KEY_IN_CONTAINER = "/run/stackbuild/control-plane.key"
+
+
+def key_file(gw: Gateway | str) -> str:
+    """The gateway's control-plane key on its host (its spec or its service name): made there by stackbuild,
+    0600, read only by stackbuild (over SSH) and by smg (mounted read-only)."""
+    return f"{ENV_DIR}/{gw if isinstance(gw, str) else gw.service}.control-plane.key"
+
+
+def secrets_file(gw: Gateway) -> str:
+    """The gateway's secrets on its host (0600, the operator's): the values of `gateway.api_keys`."""
+    return f"{ENV_DIR}/{gw.service}.env"
+
+
+def launcher_argv(gw: Gateway, workers: list[str], *, key: str, python: str = "python3",
+                  launcher: str = LAUNCHER_IN_IMAGE) -> list[str]:
+    """smg started by its launcher: the key file's path and the data-plane keys' names, never a key."""
+    names = [a for n in gw.api_keys for a in ("--data-plane-key", n)]
+    return [python, launcher, "--control-plane-key-file", key, *names, "--", *smg_argv(gw, workers)[1:]]
+
+
+def launcher_text() -> str:
+    return (templates_dir() / LAUNCHER).read_text(encoding="utf-8")
+
+
 def docker_argv(gw: Gateway, *, image: str, workers: list[str]) -> list[str]:
     name = gw.service
-    head = [DOCKER, "run", "--rm", "--name", name, "--network", "host", "--label", f"dev.stackbuild.unit={name}"]
-    return [*head, image, *smg_argv(gw, workers)]
+    head = [DOCKER, "run", "--rm", "--name", name, "--network", "host",
+            "--volume", f"{key_file(gw)}:{KEY_IN_CONTAINER}:ro"]
+    if gw.api_keys:  # the docker client reads the file: the values reach smg's environment, not an argv
+        head += ["--env-file", secrets_file(gw)]
+    # the label last, the image after it: as in the server's unit (what reads a unit finds the image there)
+    return [*head, "--label", f"dev.stackbuild.unit={name}", image, *launcher_argv(gw, workers, key=KEY_IN_CONTAINER)]
 
 
 # The unit starts smg with the servers its pool file names: systemd reads the file (EnvironmentFile)
@@ -66,8 +104,9 @@ POOL_VAR = "WORKER_URLS"
 POOL_HEADER = "# written by stackbuild: the servers the gateway starts with (it rewrites this as they leave and join)"
 
 
-def pool_file(gw: Gateway) -> str:
-    return f"{ENV_DIR}/{gw.service}.workers"
+def pool_file(gw: Gateway | str) -> str:
+    """The gateway's pool file (its spec or its service name)."""
+    return f"{ENV_DIR}/{gw if isinstance(gw, str) else gw.service}.workers"
 
 
 def pool_text(workers: list[str]) -> str:
@@ -108,6 +147,10 @@ def render_gateway_unit(stack: Stack, *, image: str) -> str:
         stack=stack,
         gw=gw,
         pool_file=pool_file(gw),
+        key_file=key_file(gw),
+        startup_check_s=STARTUP_CHECK_S,
+        # the server units of this stack (host/state.py HostPaths.main_unit, candidate_unit)
+        after=[f"{stack.host.service}.service", f"{stack.host.service}-candidate.service"],
         exec_start=" ".join(a if a == var else exec_line([a]) for a in argv),
         exec_pre=exec_line([DOCKER, "rm", "--force", gw.service]),
         exec_stop=exec_line([DOCKER, "stop", "--time", str(gw.shutdown_grace_s + 10), gw.service]),
@@ -129,14 +172,17 @@ def render_gateway(stack: Stack, workers: list[str] | None = None) -> RenderedGa
         return RenderedGateway({}, "")
     lock = lock_text(stack) or f"# no lock: run `{lock_command(stack)}`\n"
     dockerfile = make_env().get_template("Dockerfile.gateway.j2").render(gw=gw)
+    launcher = launcher_text()
     h = hashlib.sha256(dockerfile.encode())
     h.update(hashlib.sha256(lock.encode()).hexdigest().encode())
+    h.update(hashlib.sha256(launcher.encode()).hexdigest().encode())
     content_hash = h.hexdigest()
     image = gateway_image_ref(stack, content_hash)
     unit = render_gateway_unit(stack, image=image)
     pool = pool_text(declared_workers(stack) if workers is None else workers)
     return RenderedGateway(
-        {"gateway/Dockerfile": dockerfile, "gateway/requirements.lock": lock, f"units/{gw.service}.service": unit,
+        {"gateway/Dockerfile": dockerfile, "gateway/requirements.lock": lock, f"gateway/{LAUNCHER}": launcher,
+         f"units/{gw.service}.service": unit,
          f"units/{gw.service}.workers": pool},
         content_hash,
     )

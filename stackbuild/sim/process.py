@@ -19,8 +19,8 @@ from stackbuild.effects.readiness import HttpProbe, Pace, wait_ready
 class SimProc:
     """`stackbuild sim` in a child process on a free loopback port; always stopped."""
 
-    def __init__(self, *args: str, warmup_s: float = 0.2) -> None:
-        self.port = free_port()
+    def __init__(self, *args: str, warmup_s: float = 0.2, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # closed in stop(): the log outlives this method
         self.log = tempfile.NamedTemporaryFile(prefix="sim-", suffix=".log", delete=False)  # noqa: SIM115
@@ -61,8 +61,8 @@ class SimProc:
 
 
 @contextlib.contextmanager
-def sim(*args: str, up: bool = True, warmup_s: float = 0.2) -> Iterator[SimProc]:
-    s = SimProc(*args, warmup_s=warmup_s)
+def sim(*args: str, up: bool = True, warmup_s: float = 0.2, port: int | None = None) -> Iterator[SimProc]:
+    s = SimProc(*args, warmup_s=warmup_s, port=port)
     try:
         s.wait_port()
         if up:

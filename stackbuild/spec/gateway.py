@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from stackbuild.spec.kinds import Ident, ImageRef, SshTarget, Version
+from stackbuild.spec.kinds import EnvName, Ident, ImageRef, SshTarget, Version
 
 # smg 1.13.0 `smg launch --policy` choices (router_args.py COMMON_POLICY_CHOICES)
 Policy = Literal[
@@ -75,7 +75,7 @@ class HealthCheck(_Model):
 class Gateway(_Model):
     version: Version = "1.13.0"  # smg on PyPI; its closure is hash-locked under stacks/locks/gateway/
     host: GatewayHost | None = None  # where it runs; default: the stack's host (host.address)
-    listen: ListenAddress = "0.0.0.0"  # clients reach it from other machines
+    listen: ListenAddress = "0.0.0.0"  # clients reach it from other machines (validate warns without api_keys)
     port: Port = 30080
     metrics_port: Port = 29000  # smg's Prometheus listener, bound to 127.0.0.1
     policy: Policy = "cache_aware"  # smg's default: requests sharing a prefix meet its KV cache
@@ -85,3 +85,7 @@ class Gateway(_Model):
     shutdown_grace_s: int = Field(180, ge=0)  # smg --shutdown-grace-period-secs: in-flight requests on stop
     service: Ident = "stackbuild-gateway"  # its unit and container name
     base_image: ImageRef = "debian:bookworm-slim"  # the gateway image's base: python3 from its apt
+    # serving-path keys: names whose values the gateway host's secrets file holds (/etc/stackbuild/
+    # <service>.env, 0600); each becomes one smg --tenant-api-key, and clients send one as
+    # `Authorization: Bearer KEY`. None: the serving routes answer whoever reaches `listen:port`.
+    api_keys: tuple[EnvName, ...] = ()

@@ -99,10 +99,10 @@ def check_gateway(stack: Stack) -> list[Finding]:
         return []
     loc = positions(stack)
 
-    def finding(path: tuple[str, ...], message: str, rule: str) -> Finding:
+    def finding(path: tuple[str, ...], message: str, rule: str, severity: str = "error") -> Finding:
         pos = loc.keys.get(path) if path in (("gateway",), ("server", "flags")) else None
         pos = pos or loc.pos(path)
-        return Finding(pos.file, pos.line, pos.col, "error", message, rule)
+        return Finding(pos.file, pos.line, pos.col, severity, message, rule)
 
     out: list[Finding] = []
     t = gateway_target(gw)
@@ -132,6 +132,12 @@ def check_gateway(stack: Stack) -> list[Finding]:
     if gw.port == gw.metrics_port:
         out.append(finding(("gateway", "metrics_port"), "gateway.metrics_port: the same port as gateway.port; "
                                                         "pick another", "gateway-port"))
+    if not gw.api_keys and ipaddress.ip_address(gw.listen).is_unspecified:
+        # the worker API needs stackbuild's key whatever listen says; the serving path only with api_keys
+        at = ("gateway", "listen") if ("gateway", "listen") in loc.keys else ("gateway",)
+        out.append(finding(at, f"gateway.listen: {gw.listen} serves completions to whoever reaches port {gw.port}, "
+                               "with no key; set gateway.api_keys (their values in the gateway host's secrets "
+                               "file) or listen on a private address", "gateway-open", "warning"))
     listen = stack.server.flags.get("--host")
     if gw_host is not None and (listen is None or _loopback(str(listen))):
         far = [w for w in workers if hostname(w) != gw_host and not (_loopback(hostname(w)) and _loopback(gw_host))]
