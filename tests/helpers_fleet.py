@@ -25,11 +25,12 @@ from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.rollout import DeployResult, HostView
 from stackbuild.fleet.session import FleetArgs, run_fleet
 from stackbuild.host.fake import SERVES, Client, FakeHost
+from stackbuild.host.fake_systemd import env_values
 from stackbuild.host.request import GateFn
 from stackbuild.host.session import Reach, RunOptions
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions
 from stackbuild.host.state import HostState
-from stackbuild.render.gateway import key_file, pool_file, pool_urls
+from stackbuild.render.gateway import KEY_VAR, key_file, pool_file, pool_urls
 from stackbuild.results.display import Sink
 from stackbuild.spec.fleet import Fleet, FleetHost
 from stackbuild.spec.gateway import Gateway as GatewaySpec
@@ -87,7 +88,7 @@ def gateway_on(host: FakeHost, host_of: Callable[[str], FakeHost], request_s: fl
         if host.serving(gw.port) is None:
             return False
         if not started:  # smg reads its key file and its pool file when it starts
-            fake.key = host.files.get(key_file(gw))
+            fake.key = env_values(host.files.get(key_file(gw), "")).get(KEY_VAR)  # what --env-file gives it
             started.append(fake.start(*pool_urls(host.files.get(pool_file(gw)))))
         return True
 

@@ -22,7 +22,7 @@ from stackbuild.effects.gateway import Gateway as GatewayApi
 from stackbuild.effects.net import free_port
 from stackbuild.gate.background import BackgroundLoad
 from stackbuild.paths import shipped_dir
-from stackbuild.render.gateway import LAUNCHER, launcher_argv
+from stackbuild.render.gateway import KEY_VAR, LAUNCHER, launcher_argv
 from stackbuild.spec.gateway import Gateway, HealthCheck
 from stackbuild.spec.gateway_check import gateway_target, lock_path
 from stackbuild.spec.load import load_stack
@@ -65,21 +65,17 @@ def loopback_gateway(**overrides: object) -> Gateway:
 
 class SmgProc:
     """`smg launch` as the rendered unit runs it (the same launcher and argv, the venv's python for the
-    image's), with a control-plane key in a 0600 file of its own, in a child process; always stopped.
-    `env`: the data-plane keys' values, as the unit's --env-file gives them."""
+    image's), given a control-plane key of its own in its environment as the unit's --env-file gives it,
+    in a child process; always stopped. `env`: the data-plane keys' values, the same way."""
 
     def __init__(self, smg: Path, gw: Gateway, workers: list[str], log: Path, env: dict[str, str] | None = None
                  ) -> None:
         self.gw, self.url, self.log = gw, f"http://127.0.0.1:{gw.port}", log
         self.key = secrets.token_hex(32)
-        self.key_file = log.with_suffix(".control-plane.key")
-        fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.key + "\n")
-        argv = launcher_argv(gw, workers, key=str(self.key_file), python=str(smg.parent / "python"),
-                             launcher=str(ROOT / "templates" / LAUNCHER))
+        argv = launcher_argv(gw, workers, python=str(smg.parent / "python"), launcher=str(ROOT / "templates" / LAUNCHER))
         with log.open("wb") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                         env={**os.environ, KEY_VAR: self.key, **(env or {})})
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]

@@ -264,9 +264,10 @@ def test_deploy_makes_the_control_plane_key_on_the_gateway_host_uses_it_and_says
                       image=CANDIDATE, gateway_image=GW_IMAGE, ledger=tmp_path / "ledger.db", root=tmp_path,
                       tunnel=False, reach=FakeReach({"127.0.0.1": host}, gw=gw))
     assert run_deploy(args, echo=lines.append) == 0, "\n".join(lines)
-    key = host.files[key_file(GATEWAY_SPEC)]
+    key = "fake-key-1-" + host.address
     # made on the host, once, 0600; the gateway started with it and took every call stackbuild made
-    assert (key, host.modes[key_file(GATEWAY_SPEC)], host.keys_made) == ("fake-key-1-" + host.address, 0o600, 1)
+    assert (host.files[key_file(GATEWAY_SPEC)], host.modes[key_file(GATEWAY_SPEC)], host.keys_made) == (
+        f"SMG_CONTROL_PLANE_KEY={key}\n", 0o600, 1)
     assert (gw.key, gw.refusals) == (key, 0) and pool(host, gw) == ([U_STAGING], [U_STAGING])
     assert run_deploy(args, echo=lines.append) == 0 and host.keys_made == 1  # the next deploy reuses it
     # nowhere else: not in the output, the step logs, the ledger, the unit, the pool file, any other host file

@@ -103,7 +103,8 @@ class GatewayFleet:
 
     def key(self) -> str:
         """The gateway's control-plane key, as stackbuild made it on the gateway's host (h0)."""
-        return self.hosts[0].sh(f"cat /etc/stackbuild/{self.gw_service}.control-plane.key").stdout.strip()
+        text = self.hosts[0].sh(f"cat /etc/stackbuild/{self.gw_service}.control-plane.key").stdout
+        return text.strip().removeprefix("SMG_CONTROL_PLANE_KEY=")
 
     def api(self) -> HttpGateway:
         return HttpGateway(self.url, key=self.key())
@@ -205,9 +206,11 @@ def _secrets_stay_in_their_files(f: GatewayFleet, runs: list[subprocess.Complete
             assert h.sh(f"stat -c %a {path}").stdout.strip() == "600", path
         env = docker_env(f"{f.service(i)}-candidate")
         assert f"HF_TOKEN={HF_TOKEN}" in env  # the server's own environment: where it belongs
-    # the gateway's argv (docker's record of its container, and the processes' command lines) has no key
+    # the gateway's argv (docker's record of its container, and its processes' command lines) has no key; its
+    # environment has it, where the launcher took it from
     args = json.loads(docker("inspect", "--format", "{{json .Args}}", f.gw_service).stdout)
     assert key not in json.dumps(args) and key not in docker("top", f.gw_service, "-o", "args").stdout
+    assert f"SMG_CONTROL_PLANE_KEY={key}" in docker_env(f.gw_service)
 
 
 def docker_env(container: str) -> list[str]:

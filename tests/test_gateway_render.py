@@ -61,17 +61,16 @@ def test_keys_reach_smg_by_file_and_environment_never_by_argument() -> None:
     gw = Gateway(listen="127.0.0.1", port=8080, metrics_port=8089, policy="round_robin", service="gw",
                  api_keys=("TEAM_A",))
     argv = docker_argv(gw, image="reg/gw@sha256:abc", workers=["$WORKER_URLS"])
-    assert argv[:16] == [
+    assert argv[:17] == [
         "/usr/bin/docker", "run", "--rm", "--name", "gw", "--network", "host",
-        "--volume", "/etc/stackbuild/gw.control-plane.key:/run/stackbuild/control-plane.key:ro",
-        "--env-file", "/etc/stackbuild/gw.env", "--label", "dev.stackbuild.unit=gw", "reg/gw@sha256:abc",
-        "python3", "/opt/stackbuild/smg_launch.py",
+        "--env-file", "/etc/stackbuild/gw.control-plane.key", "--env-file", "/etc/stackbuild/gw.env",
+        "--label", "dev.stackbuild.unit=gw", "reg/gw@sha256:abc",
+        "python3", "/opt/stackbuild/smg_launch.py", "--control-plane-key-env",
     ]  # fmt: skip
-    assert argv[16:22] == ["--control-plane-key-file", "/run/stackbuild/control-plane.key",
-                           "--data-plane-key", "TEAM_A", "--", "launch"]
+    assert argv[17:22] == ["SMG_CONTROL_PLANE_KEY", "--data-plane-key", "TEAM_A", "--", "launch"]
     assert argv[22:] == smg_argv(gw, ["$WORKER_URLS"])[2:]
     open_gw = gw.model_copy(update={"api_keys": ()})
-    assert "--env-file" not in docker_argv(open_gw, image="i", workers=[])
+    assert docker_argv(open_gw, image="i", workers=[]).count("--env-file") == 1  # the key's only
     assert "--data-plane-key" not in docker_argv(open_gw, image="i", workers=[])
 
 

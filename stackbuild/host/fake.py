@@ -175,14 +175,16 @@ class FakeHost(FakeSystemd):
             self.files[path], self.modes[path] = pool_text(urls), 0o644
             return self._ok(cmd)
         if script == KEY_SCRIPT:  # the gateway's control-plane key: made once (0600), then printed
-            path, mode = p
+            path, mode, var = p
+            made = ""
             if mode == "create":
                 self._mkdirs(posixpath.dirname(path), 0o700)
-                if not self.files.get(path):
+                if not self.files.get(path, "").startswith(f"{var}="):
                     self.keys_made += 1
-                    self.files[path] = f"fake-key-{self.keys_made}-{self.address}"
+                    self.files[path], made = f"{var}=fake-key-{self.keys_made}-{self.address}\n", "new\n"
                 self.modes[path] = 0o600
-            return self._ok(cmd, self.files[path]) if self.files.get(path) else RemoteResult(cmd, 1, "", "")
+            text = self.files.get(path, "")
+            return self._ok(cmd, made + text.removeprefix(f"{var}=")) if text else RemoteResult(cmd, 1, "", "")
         if script == RECORDS_SCRIPT:
             (top,) = p
             docs = [self.files[f] for f in sorted(self.files) if f.startswith(top + "/") and f.endswith("/state.json")]

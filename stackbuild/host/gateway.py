@@ -23,7 +23,15 @@ from stackbuild.host.preflight import TCP_SCRIPT, Check, parse_listening_ports
 from stackbuild.host.ssh import READ_IF_EXISTS_SCRIPT, Remote, sh_argv
 from stackbuild.host.state import HostLock, HostPaths, me, now_iso
 from stackbuild.host.unit_probe import boot_facts
-from stackbuild.render.gateway import POOL_HEADER, POOL_VAR, key_file, pool_file, render_gateway_unit, secrets_file
+from stackbuild.render.gateway import (
+    KEY_VAR,
+    POOL_HEADER,
+    POOL_VAR,
+    key_file,
+    pool_file,
+    render_gateway_unit,
+    secrets_file,
+)
 from stackbuild.spec.gateway import Gateway as GatewaySpec
 from stackbuild.spec.stack import Stack
 
@@ -41,28 +49,36 @@ POOL_SCRIPT = (
 
 
 # The control-plane key: made on the gateway's host, never on this machine, never sent anywhere but to the
-# gateway (`Authorization: Bearer`). "create" makes it once (32 random bytes, hex; under flock, born
-# 0600 by umask, renamed into place) and keeps it 0600; then, either way, the key is printed for the
-# caller -- the only output, and only on success (a failure's output carries no key).
+# gateway (`Authorization: Bearer`). The file is one line, KEY_VAR=<64 hex digits>, what `docker run
+# --env-file` reads. "create" makes it once (32 random bytes; under flock, born 0600 by umask, renamed
+# into place; "new" on a line first) and keeps it 0600; then, either way, the key is printed for the
+# caller -- the only other output, and only on success (a failure's output carries no key).
 KEY_SCRIPT = (
-    'f=$1\n'
+    'f=$1; v=$3\n'
     'if [ "$2" = create ]; then umask 077; mkdir -p -m 0700 "$(dirname "$f")" && exec 9>>"$f.lock" '
     '&& flock -w 60 9 || exit 3\n'
-    '  [ -s "$f" ] || { od -An -N32 -tx1 /dev/urandom | tr -d " \\n" > "$f.tmp" && mv -f "$f.tmp" "$f"; } '
-    '|| exit 3\n'
+    '  grep -q "^$v=[0-9a-f]\\{64\\}$" "$f" 2>/dev/null || { printf "%s=%s\\n" "$v" '
+    '"$(od -An -N32 -tx1 /dev/urandom | tr -d " \\n")" > "$f.tmp" && mv -f "$f.tmp" "$f" && echo new; } || exit 3\n'
     '  chmod 0600 "$f" || exit 3; fi\n'
-    '[ -s "$f" ] && cat "$f"'
+    '[ -s "$f" ] && sed -n "s/^$v=//p" "$f"'
 )
 
 
 def control_key(remote: Remote, service: str, *, create: bool) -> str | None:
     """The gateway's control-plane key on its host, made there first when `create` (None: there is none)."""
-    res = remote.run(sh_argv(KEY_SCRIPT, key_file(service), "create" if create else "read"), check=False,
+    return _key(remote, service, create=create)[0]
+
+
+def _key(remote: Remote, service: str, *, create: bool) -> tuple[str | None, bool]:
+    """(the key or None, whether it was made just now)."""
+    res = remote.run(sh_argv(KEY_SCRIPT, key_file(service), "create" if create else "read", KEY_VAR), check=False,
                      what="the gateway's control-plane key", changes=create)
     if create and not res.ok:
         raise InfraError(f"{remote.address}: cannot make the gateway's control-plane key {key_file(service)} "
                          f"(exit {res.returncode}); check that root can write {secrets.ENV_DIR}")
-    return (res.stdout.strip() or None) if res.ok else None
+    lines = res.stdout.split() if res.ok else []
+    made = lines[:1] == ["new"]
+    return (lines[-1] if lines and lines[-1] != "new" else None), made
 
 
 class GatewayRecord(BaseModel):
@@ -139,12 +155,12 @@ def ensure(remote: Remote, stack: Stack, image: str, workers: list[str], *, pull
         if failed := [c.detail for c in checks(remote, stack) if not c.ok]:
             raise InfraError(f"{remote.address}: cannot run the gateway there: {'; '.join(failed)}")
         pulled = units.ensure_image(remote, image, pull_timeout_s)
-        control_key(remote, gw.service, create=True)  # before the unit: docker would mount a missing file as a dir
+        _, made = _key(remote, gw.service, create=True)  # before the unit: it reads the file at every start
         if not units.existing(remote, pool_file(gw)):
             edit_pool(remote, gw, workers, [])
         text = render_gateway_unit(stack, image=image)
         boot = boot_facts(remote, unit)
-        if units.installed_text(remote, gp.unit_path(unit)) == text and boot.active == "active":
+        if units.installed_text(remote, gp.unit_path(unit)) == text and boot.active == "active" and not made:
             if boot.enabled != "enabled":
                 units.enable(remote, unit)
             return f"{unit} runs {image.rsplit('@', 1)[-1][:19]} (unchanged)"

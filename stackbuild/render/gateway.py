@@ -57,15 +57,15 @@ def smg_argv(gw: Gateway, workers: list[str]) -> list[str]:
 
 STARTUP_CHECK_S = 1
 # smg's launcher in the gateway image (templates/smg_launch.py): it adds the keys to smg's arguments
-# inside its own process, read from the key file mounted here and the secrets in its environment
+# inside its own process, from the variables `docker run --env-file` put in its environment
 LAUNCHER = "smg_launch.py"
 LAUNCHER_IN_IMAGE = f"/opt/stackbuild/{LAUNCHER}"
-KEY_IN_CONTAINER = "/run/stackbuild/control-plane.key"
+KEY_VAR = "SMG_CONTROL_PLANE_KEY"  # the one line of the key file: KEY_VAR=<64 hex digits>
 
 
 def key_file(gw: Gateway | str) -> str:
     """The gateway's control-plane key on its host (its spec or its service name): made there by stackbuild,
-    0600, read only by stackbuild (over SSH) and by smg (mounted read-only)."""
+    0600, read only by stackbuild (over SSH) and by the docker client that starts smg (--env-file)."""
     return f"{ENV_DIR}/{gw if isinstance(gw, str) else gw.service}.control-plane.key"
 
 
@@ -74,11 +74,11 @@ def secrets_file(gw: Gateway) -> str:
     return f"{ENV_DIR}/{gw.service}.env"
 
 
-def launcher_argv(gw: Gateway, workers: list[str], *, key: str, python: str = "python3",
+def launcher_argv(gw: Gateway, workers: list[str], *, python: str = "python3",
                   launcher: str = LAUNCHER_IN_IMAGE) -> list[str]:
-    """smg started by its launcher: the key file's path and the data-plane keys' names, never a key."""
+    """smg started by its launcher: the names of the variables that hold the keys, never a key."""
     names = [a for n in gw.api_keys for a in ("--data-plane-key", n)]
-    return [python, launcher, "--control-plane-key-file", key, *names, "--", *smg_argv(gw, workers)[1:]]
+    return [python, launcher, "--control-plane-key-env", KEY_VAR, *names, "--", *smg_argv(gw, workers)[1:]]
 
 
 def launcher_text() -> str:
@@ -87,12 +87,12 @@ def launcher_text() -> str:
 
 def docker_argv(gw: Gateway, *, image: str, workers: list[str]) -> list[str]:
     name = gw.service
-    head = [DOCKER, "run", "--rm", "--name", name, "--network", "host",
-            "--volume", f"{key_file(gw)}:{KEY_IN_CONTAINER}:ro"]
-    if gw.api_keys:  # the docker client reads the file: the values reach smg's environment, not an argv
+    # the docker client reads these files on the host: the keys reach smg's environment, never an argument
+    head = [DOCKER, "run", "--rm", "--name", name, "--network", "host", "--env-file", key_file(gw)]
+    if gw.api_keys:
         head += ["--env-file", secrets_file(gw)]
     # the label last, the image after it: as in the server's unit (what reads a unit finds the image there)
-    return [*head, "--label", f"dev.stackbuild.unit={name}", image, *launcher_argv(gw, workers, key=KEY_IN_CONTAINER)]
+    return [*head, "--label", f"dev.stackbuild.unit={name}", image, *launcher_argv(gw, workers)]
 
 
 # The unit starts smg with the servers its pool file names: systemd reads the file (EnvironmentFile)
