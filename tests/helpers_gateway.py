@@ -72,7 +72,8 @@ class SmgProc:
                  ) -> None:
         self.gw, self.url, self.log = gw, f"http://127.0.0.1:{gw.port}", log
         self.key = secrets.token_hex(32)
-        argv = launcher_argv(gw, workers, python=str(smg.parent / "python"), launcher=str(ROOT / "templates" / LAUNCHER))
+        argv = launcher_argv(gw, workers, python=str(smg.parent / "python"),
+                             launcher=str(ROOT / "templates" / LAUNCHER))
         with log.open("wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                          env={**os.environ, KEY_VAR: self.key, **(env or {})})
