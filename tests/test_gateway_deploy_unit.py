@@ -310,3 +310,25 @@ def test_status_names_a_worker_stackbuild_did_not_put_there(tmp_path: Path) -> N
         f"    {ROGUE}: ready, 0 in flight, NOT put there by stackbuild (not in its pool file; "
         "`deploy --prune-workers` removes it)",
         "  WARNING: 1 worker(s) in the gateway that stackbuild did not put there"]
+
+
+def test_a_gateway_stopped_during_the_gate_leaves_no_rejected_candidate_running() -> None:
+    host = with_incumbent()
+    _, link = behind_gateway(host)
+    inner = FakeGate(host, verdicts={CANDIDATE: "fail"})
+    gateway_unit = f"{GATEWAY_SPEC.service}.service"
+
+    def gate(url: str, *a: object) -> object:
+        host.running.pop(gateway_unit)  # `systemctl stop` of the gateway while the candidate is measured
+        return inner(url, *a)
+
+    rep = run(host, "side-by-side", gate=gate, gateway=link)
+    assert (rep.outcome, rep.exit_code) == ("rolled-back", 1), rep.render()
+    last = rep.steps[-1]
+    assert (last.name, last.ok) == ("gateway", False)
+    assert last.detail.startswith("sha256:111111111111 serves again but is NOT back in the gateway (GET "
+                                  "http://127.0.0.1:31080/workers: no answer (ConnectionRefusedError: refused)); "
+                                  "the next deploy puts it back; ")
+    assert "FAIL gateway" in rep.render(full=False)
+    assert CAND_UNIT not in host.running and host.serving(STAGING) is None  # the rejected build is gone
+    assert host.serving(PORT) == INCUMBENT and state(host).current.image == INCUMBENT  # type: ignore[union-attr]

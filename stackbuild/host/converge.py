@@ -149,9 +149,18 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
     else:
         write_state(remote, paths, restored)
     if cur is not None and link is not None:
-        with rep.step("gateway") as st:  # serving again: back into the gateway (a no-op when it never left)
-            said = [link.join(cur.port), *_remove_spare(remote, paths, link, other(slot))]
-            st.detail = "; ".join(s for s in said if s)
+        t0 = time.monotonic()
+        try:  # serving again: back into the gateway (a no-op when it never left)
+            said, lost = [link.join(cur.port)], None
+        except InfraError as err:  # the gateway gone (its unit stopped, say): not back in it
+            said, lost = [], err
+        # the candidate (or the release a rollback replaces) goes whatever the gateway says: a gateway that
+        # does not answer must not leave a rejected build running
+        said += _remove_spare(remote, paths, link, other(slot))
+        if lost is not None:  # a failed step in the report (never silent), not an error: the host is restored
+            said.insert(0, f"{cur.image.rsplit('@', 1)[-1][:19]} serves again but is NOT back in the gateway "
+                           f"({str(lost).splitlines()[0][:200]}); the next deploy puts it back")
+        rep.note("gateway", lost is None, "; ".join(s for s in said if s), time.monotonic() - t0)
     return restored
 
 
