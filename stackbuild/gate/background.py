@@ -106,8 +106,8 @@ class BackgroundLoad:
                 self.ok += 1
             else:
                 self.failed += 1
-                if len(self.failures) < MAX_FAILURES_KEPT:
-                    self.failures.append(why)
+                if len(self.failures) < MAX_FAILURES_KEPT:  # when: to find the step of a run that caused it
+                    self.failures.append(f"{time.strftime('%H:%M:%S')}: {why}")
 
     async def _main(self) -> None:
         t0 = time.monotonic()
