@@ -47,6 +47,7 @@ def assert_nothing_failed_through_the_gateway(run: DemoRun) -> None:
     then until the demo ended saw >= 50 requests and none failed; so did the demo's own client."""
     gw = re.search(r"^gateway: (http://127\.0\.0\.1:\d+)$", run.out, re.M)
     assert gw is not None and run.load is not None, run.out[-3000:]
+    print(f"the independent client (4 streams): {run.load.summary()}")  # docs/gateway.md quotes it
     assert (run.load.url, run.load.failures) == (gw.group(1), []), run.out[-6000:]
     assert run.load.failed == 0 and run.load.ok >= 50, run.load.summary()
     own = GATEWAY_SUMMARY.search(run.out)
