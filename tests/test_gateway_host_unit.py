@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from helpers_deploy import PATHS, REPO, run, sim_stack, state, with_incumbent
 from helpers_fleet import GATEWAY_SPEC, GW_IMAGE, FakeReach, gateway_on
 from test_gateway_deploy_unit import behind_gateway
 
+from stackbuild.errors import InfraError
 from stackbuild.host import gateway
 from stackbuild.host.fake import SERVES, FakeHost
 from stackbuild.host.session import read_status
@@ -135,3 +137,23 @@ def test_a_gateway_whose_port_another_process_holds_is_not_started_and_the_deplo
 
 def state_of(host: FakeHost) -> tuple[object, ...]:
     return state(host), dict(host.running)
+
+
+def test_preflight_refuses_data_plane_keys_the_gateway_hosts_secrets_file_lacks() -> None:
+    host = gateway_host()
+    stack = sim_stack()
+    assert stack.gateway is not None
+    keyed = stack.model_copy(update={"gateway": stack.gateway.model_copy(update={"api_keys": ("TEAM_A", "TEAM_B")})})
+    secrets = f"/etc/stackbuild/{GATEWAY_SPEC.service}.env"
+    host.files[secrets] = 'TEAM_A="a-secret"\n'
+    assert gateway.checks(host, keyed)[-1].detail == (
+        f"gateway.api_keys: TEAM_B not set in {secrets} on {host.address}; write NAME=\"VALUE\" lines there "
+        "(mode 0600)")
+    with pytest.raises(InfraError) as err:
+        gateway.ensure(host, keyed, GW_IMAGE, [], pull_timeout_s=60)
+    assert "TEAM_B not set" in str(err.value) and "a-secret" not in str(err.value)
+    assert UNIT not in host.running
+    host.files[secrets] += 'TEAM_B="b-secret"\n'
+    assert gateway.checks(host, keyed)[-1].ok
+    gateway.ensure(host, keyed, GW_IMAGE, [], pull_timeout_s=60)
+    assert host.state_of(UNIT) == "active"
