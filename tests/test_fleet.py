@@ -421,3 +421,64 @@ def test_fleet_status_table() -> None:
         "last rollout r1 of sim-good (sha256:aaaaaaaaaaaa): stopped, on_failure=halt: wave 1 failed",
         "  h0: promoted (pass) FLAGGED",
     ]
+
+
+# --- one machine, one place (issue #29) ----------------------------------------------------
+
+
+def test_clashing_hosts_are_refused_at_the_line_that_clashes(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    inv, ledger = tmp_path / "inv.yaml", tmp_path / "ledger.db"
+    inv.write_text("hosts:\n"
+                   "  - {name: a, address: '127.0.0.1:2222', port: 34100, staging_port: 34100}\n"
+                   "  - {name: b, address: 'root@127.0.0.1:2223'}\n"
+                   "  - {name: c, address: '127.0.0.1:2223'}\n"
+                   "  - {name: d, address: 'LOCALHOST', service: two, port: 40000, staging_port: 40001}\n"
+                   "  - {name: e, address: 'localhost:22', service: three, port: 40001, staging_port: 40002}\n"
+                   "  - {name: f, address: '127.0.0.1:2223', service: four, port: 41000, staging_port: 41001}\n")
+    rc = main(["deploy", "sim", "--fleet", "--inventory", str(inv), "--image", "r@sha256:" + "0" * 64,
+               "--ledger", str(ledger)])
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, "")
+    assert err.splitlines() == [
+        f"{inv}:2:69: error: hosts.0: host a: staging_port 34100 is its port too; the candidate must bind a port "
+        "the incumbent does not hold: give it another staging_port [addresses]",
+        f"{inv}:4:12: error: hosts.2: host c is b again (address 127.0.0.1:2223, service stackbuild-sim): a host "
+        "takes one place in a rollout; remove one, or give it its own service [addresses]",
+        f"{inv}:6:62: error: hosts.4: host e shares port(s) 40001 with d on the same address localhost:22: give "
+        "each service its own port and staging_port [addresses]",
+    ]
+    assert not ledger.exists()  # refused before a rollout was recorded or a host reached
+
+
+def test_a_staging_port_on_the_port_is_a_spec_error(tmp_path: Path) -> None:
+    from tests.helpers_spec import BASE, project
+
+    root = project(tmp_path, {"s.yaml": BASE + "  port: 34100\n  staging_port: 34100\n"})
+    with pytest.raises(SpecError) as exc:
+        load_stack("s", root=root)
+    assert [str(f) for f in exc.value.findings] == [
+        f"{root / 'stacks' / 's.yaml'}:19:17: error: runtime.staging_port: staging_port 34100 is runtime.port too; "
+        "the candidate must bind a port the incumbent does not hold: give it another staging_port (got 34100) [type]"]
+
+
+def test_validate_says_what_deploy_fleet_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sim = Path(load_stack("sim").source).read_text()
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "s.yaml").write_text(sim.replace("host:\n", "host:\n  inventory: inv.yaml\n", 1))
+    (tmp_path / "inv.yaml").write_text("- {name: a, address: gpu1}\n- {name: b, address: 'root@gpu1:22'}\n")
+    rc = main(["--root", str(tmp_path), "validate", "s", "--offline"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert (f"{tmp_path / 'inv.yaml'}:2:10: error: hosts.1: host b is a again (address gpu1:22, service "
+            "stackbuild-sim): a host takes one place in a rollout") in err
+
+
+def test_the_same_machine_twice_on_the_command_line_is_refused() -> None:
+    from stackbuild.fleet.inventory import check_chosen
+
+    stack = load_stack("sim")
+    hosts = select([], ["root@gpu1", "gpu1:22"], "s")
+    with pytest.raises(InputError) as err:
+        check_chosen(stack, hosts)
+    assert str(err.value).startswith("--hosts: --hosts.1: host gpu1:22 is root@gpu1 again (address gpu1:22")

@@ -107,6 +107,9 @@ def test_dry_run_records_and_never_runs_changes() -> None:
 # --- crash signatures ----------------------------------------------------------
 
 CRASH_LOGS = {
+    # uvicorn's, which sglang's HTTP server runs on, when the port is held
+    "port-in-use": "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 30001): "
+    "address already in use",
     "container-create": "docker: Error response from daemon: failed to create shim task: OCI "
     "runtime create failed: runc create failed: error setting rlimits for ready process",
     "cuda-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from stackbuild.fleet.inventory import check_host_flags, fleet_of, select
+from stackbuild.fleet.inventory import check_chosen, check_host_flags, fleet_of, select
 from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.plan import plan_waves
 from stackbuild.fleet.rollout import FleetOps, HostRow, Prior, RolloutResult, Settings, run_rollout
@@ -52,6 +52,7 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print, make_ops: Ma
     the last rollout that did not complete, under its id."""
     declared, fleet = fleet_of(args.stack, args.inventory)
     hosts = select(declared, args.hosts, str(args.stack.source))
+    check_chosen(args.stack, hosts)
     check_host_flags(args.stack, hosts, str(args.inventory or args.stack.source))
     profile = gate_profile(args.stack, args.profile_name)
     settings = settings_for(fleet, args, profile.tolerance)

@@ -25,6 +25,7 @@ from stackbuild.host.deploy_steps import (
     dry_plan,
     hold_bound_s,
     move_channel,
+    not_the_candidate,
     place,
     readiness,
     stage_secrets,
@@ -200,6 +201,7 @@ def _run_candidate(
         what = {
             "crashed": "candidate crashed on start",
             "generate": "candidate was ready but failed its first generation",
+            "identity": "candidate is not what answers on its port",
         }.get(ready.stage, "candidate never became ready")
         cause = f"{what}: {ready.detail}" + (f" [{sig.kind}: {sig.hint}]" if sig else "")
         _roll_back(remote, paths, state, conv, rep, cause, verdict="not-ready")
@@ -207,6 +209,9 @@ def _run_candidate(
     if not p.beside:
         conv.outage_end()
 
+    if (other := not_the_candidate(remote, svc, unit, p.port, ready)) is not None:
+        _roll_back(remote, paths, state, conv, rep, f"candidate lost before its gate: {other}", verdict="not-ready")
+        return
     with rep.step("gate") as st, svc.endpoint(p.port) as url:
         result = svc.gate(url, req.profile, stack.label, baseline)
         if rep.host_facts:
@@ -214,6 +219,15 @@ def _run_candidate(
         rep.verdict = verdict_of(result, first=baseline is None)
         rep.gate_json = result.model_dump_json()
         st.detail = f"{rep.verdict}" + (f": {'; '.join(result.reasons)[:300]}" if result.reasons else "")
+        if (other := not_the_candidate(remote, svc, unit, p.port, ready)) is not None:
+            st.detail = f"not the candidate's result: {other}"
+            rep.verdict = "error"
+            rep.steps[-1].ok = False
+    if other is not None:  # no verdict on the candidate: an infrastructure failure, not a rejection
+        cause = f"the gate did not measure the candidate: {other}"
+        _roll_back(remote, paths, state, conv, rep, cause, verdict="error")
+        rep.finish("rolled-back", cause, EXIT_INFRA)
+        return
     if rep.verdict != "pass":
         reasons = "; ".join([*result.reasons, *result.bars])[:500] or "no reason given"
         _roll_back(remote, paths, state, conv, rep, f"gate {rep.verdict}: {reasons}", verdict=rep.verdict)

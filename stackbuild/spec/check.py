@@ -36,6 +36,7 @@ def _finding(pos: Pos, severity: str, message: str, rule: str) -> Finding:
 SIM_FLAGS = frozenset({
     "--context-length", "--enable-metrics", "--fault", "--host", "--load-s", "--max-running-requests",
     "--model-path", "--port", "--profile", "--seed", "--served-model-name", "--speed", "--warmup-s",
+    "--weight-version",
 })
 
 
