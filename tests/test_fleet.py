@@ -482,3 +482,30 @@ def test_the_same_machine_twice_on_the_command_line_is_refused() -> None:
     with pytest.raises(InputError) as err:
         check_chosen(stack, hosts)
     assert str(err.value).startswith("--hosts: --hosts.1: host gpu1:22 is root@gpu1 again (address gpu1:22")
+
+
+def test_a_second_live_rollout_of_the_stack_is_refused_naming_the_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #29: two identical rollouts at once; the second attached to the first as "(resumed)"."""
+    from stackbuild.fleet.live import RolloutLive, lock_path, only_rollout
+
+    ledger = tmp_path / "ledger.db"
+    argv = ["deploy", "sim", "--fleet", "--hosts", "root@gpu1", "--image", "r@sha256:" + "0" * 64,
+            "--ledger", str(ledger)]
+    with only_rollout(ledger, "sim") as live:
+        live.name("r20261204-abcd")
+        rc = main(argv)
+        out, err = capsys.readouterr()
+        assert (rc, out) == (4, "")
+        assert err.startswith("stackbuild: another rollout of sim is live (rollout r20261204-abcd by pid "), err
+        assert err.rstrip().endswith("a killed rollout is resumed by re-running its command)")
+    from stackbuild.results.ledger import Ledger
+
+    assert lock_path(ledger, "sim").exists()
+    with Ledger(ledger) as db:
+        assert db.rollouts() == []  # refused before a rollout was recorded (or a host reached)
+    with only_rollout(ledger, "sim"):  # free again once the first ends, however it ended
+        pass
+    with only_rollout(ledger, "sim-other"), pytest.raises(RolloutLive, match="another rollout of sim-other is live"), \
+            only_rollout(ledger, "sim-other"):
+        pass

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from stackbuild.fleet.inventory import check_chosen, check_host_flags, fleet_of, select
+from stackbuild.fleet.live import Held, only_rollout
 from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.plan import plan_waves
 from stackbuild.fleet.rollout import FleetOps, HostRow, Prior, RolloutResult, Settings, run_rollout
@@ -59,6 +60,12 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print, make_ops: Ma
     waves = plan_waves([h.name for h in hosts], fleet.waves, fleet.max_parallel)
     recorder = Recorder(args.recorder_path, note=echo)
     recorder.check()  # before a build: a bad --ledger is found in seconds
+    with only_rollout(recorder.path, args.stack.label) as live:  # a second live one: exit 4, named
+        return _run_fleet(args, echo, make_ops, recorder, live, hosts, fleet, settings, waves)
+
+
+def _run_fleet(args: FleetArgs, echo: Callable[[str], None], make_ops: MakeOps, recorder: Recorder, live: Held,
+               hosts: list[FleetHost], fleet: Fleet, settings: Settings, waves: list[list[str]]) -> int:
     image, digest = resolve_image(deploy_args(args, stack=args.stack, host_text=""), echo)
     gateway_image = resolve_gateway_image(args, echo)
     with Ledger(recorder.path) as db:
@@ -67,6 +74,7 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print, make_ops: Ma
                 and r.image == image]
     last = same[-1] if same and same[-1].outcome != "completed" else None
     rollout_id = last.id if last else f"r{datetime.now(UTC):%Y%m%d%H%M%S}-{_secrets.token_hex(2)}"
+    live.name(rollout_id)
     reference = next((h.medians for h in last.hosts if h.host == waves[0][0] and h.medians),
                      None) if last else None
     prior = Prior(datetime.fromisoformat(last.started_at), {
@@ -91,7 +99,7 @@ def run_fleet(args: FleetArgs, echo: Callable[[str], None] = print, make_ops: Ma
         # what the ledger recorded goes to the log; that it could not record something, to the screen too
         recorder.note, recorder.warn = (lambda text: show(Log(text))), say
         show.hosts(h for w in waves for h in w)
-        ops = make_ops(replace(args, ledger=recorder.path, gateway_image=gateway_image),
+        ops = make_ops(replace(args, ledger=recorder.path, gateway_image=gateway_image, lock_run=rollout_id),
                        {h.name: h for h in hosts}, image, show)
         with show:
             res = run_rollout(waves, ops, settings, rows, echo=say, reference=reference, prior=prior)

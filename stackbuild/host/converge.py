@@ -188,11 +188,11 @@ def commit(remote: Remote, paths: HostPaths, state: HostState, staged_unit: str,
                  (staged_state, paths.state_file), spare, (paths.unit_path(spare), *secrets.transaction_files(paths)))
 
 
-def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S) -> str:
+def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S, run: str = "") -> str:
     """Before a rollout touches the host: what an interrupted run left there (its stale lock, its
     pending marker and the candidate it was running, a switch unit, the main unit's override) is
     put back to the committed state, as a single deploy does first. Returns what was done."""
-    with HostLock(remote, paths, me("converge before a rollout"), lock_ttl_s) as lock:
+    with HostLock(remote, paths, me("converge before a rollout", run=run), lock_ttl_s) as lock:
         state = read_state(remote, paths)
         done = [f"broke a stale lock ({lock.broke.what})"] if lock.broke else []
         if state.pending is not None:
@@ -205,10 +205,11 @@ def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float 
     return "; ".join(done) or "nothing to converge"
 
 
-def rollback(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S) -> HostState:
+def rollback(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S,
+             run: str = "") -> HostState:
     """Make the previous release current again, verified serving."""
     rep = conv.report
-    with HostLock(remote, paths, me("rollback"), lock_ttl_s):
+    with HostLock(remote, paths, me("rollback", run=run), lock_ttl_s):
         state = read_state(remote, paths)
         if state.pending is not None:
             state = to_current(remote, paths, state, conv)

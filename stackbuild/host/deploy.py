@@ -63,7 +63,7 @@ def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
         strategy=req.strategy,
         live=svc.progress,
     )
-    lock = HostLock(remote, paths, me(f"deploy {stack.label}", hold_bound_s(req)), req.lock_ttl_s)
+    lock = HostLock(remote, paths, me(f"deploy {stack.label}", hold_bound_s(req), req.run), req.lock_ttl_s)
     try:
         with rep.step("lock") as st:
             lock.__enter__()
@@ -347,7 +347,7 @@ def _conv(req: DeployRequest, svc: Services, rep: DeployReport, *, gateway: bool
 def recover(remote: Remote, req: DeployRequest, svc: Services, rep: DeployReport) -> None:
     """After a lost connection: put the host back to its committed state and free the lock."""
     paths = HostPaths(req.stack.host.state_dir, req.stack.host.service)
-    with HostLock(remote, paths, me(f"recover {req.stack.label}"), req.lock_ttl_s):
+    with HostLock(remote, paths, me(f"recover {req.stack.label}", run=req.run), req.lock_ttl_s):
         state = read_state(remote, paths)
         if state.pending is None:
             rep.note("recover", True, "nothing pending")
