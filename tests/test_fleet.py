@@ -490,7 +490,7 @@ def test_a_second_live_rollout_of_the_stack_is_refused_naming_the_first(
     from stackbuild.fleet.live import RolloutLive, lock_path, only_rollout
 
     ledger = tmp_path / "ledger.db"
-    argv = ["deploy", "sim", "--fleet", "--hosts", "root@gpu1", "--image", "r@sha256:" + "0" * 64,
+    argv = ["deploy", "sim", "--fleet", "--hosts", "root@gpu1,root@gpu2", "--image", "r@sha256:" + "0" * 64,
             "--ledger", str(ledger)]
     with only_rollout(ledger, "sim") as live:
         live.name("r20261204-abcd")
@@ -509,3 +509,66 @@ def test_a_second_live_rollout_of_the_stack_is_refused_naming_the_first(
     with only_rollout(ledger, "sim-other"), pytest.raises(RolloutLive, match="another rollout of sim-other is live"), \
             only_rollout(ledger, "sim-other"):
         pass
+
+
+# --- an outage said before it happens (issue #29) -----------------------------------------
+
+
+def test_waves_that_take_every_host_of_the_pool() -> None:
+    from stackbuild.fleet.plan import emptying_waves
+
+    assert emptying_waves(plan_waves(["h0"], ("100%",)), ["h0"]) == [0]  # a 1-host fleet's canary
+    assert emptying_waves(plan_waves(["h0", "h1"], ("100%",)), ["h0", "h1"]) == []  # h0 serves during wave 1
+    assert emptying_waves([["h0", "h1"]], ["h0", "h1"]) == [0]
+    assert emptying_waves([], []) == []
+
+
+def test_a_one_host_fleet_behind_the_gateway_is_an_outage_said_and_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ledger = tmp_path / "ledger.db"
+    base = ["deploy", "sim", "--fleet", "--hosts", "root@gpu1", "--image", "r@sha256:" + "0" * 64,
+            "--ledger", str(ledger)]
+    stack = load_stack("sim")
+    bound = (stack.runtime.start_timeout_s + stack.runtime.ready_timeout_s
+             + stack.gate.profiles[stack.gate.default_profile].gate_deadline_s())
+    said = ("OUTAGE: the canary (root@gpu1) takes every host of the pool out of the gateway at once; the gateway has "
+            "no server from the drain until the host is back: clients get errors for the whole deploy; the ledger "
+            f"has no deploy of sim yet: at most {bound:g}s (runtime.start_timeout_s + ready_timeout_s + the gate's "
+            "deadline)")
+    assert main(base) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"stackbuild: {said}; refused without --allow-outage (or add hosts, or plan smaller "
+                              "waves)\n")
+    assert not ledger.exists()  # before the ledger, a build or a host
+    # the dry run shows the plan with it, and refuses the same
+    assert main([*base, "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith("fleet: plan: canary: root@gpu1; on_failure=halt")
+    assert out.splitlines()[1] == f"fleet: {said}"
+    assert err == f"stackbuild: {said}; refused without --allow-outage\n"
+    assert main([*base, "--dry-run", "--allow-outage"]) == 0
+    out, _ = capsys.readouterr()
+    assert out.splitlines()[1:] == [f"fleet: {said}", "fleet: dry run: no image built, no host touched"]
+    # two hosts: one serves while the other is out; nothing to say
+    assert main([*base[:4], "root@gpu1,root@gpu2", *base[5:], "--dry-run"]) == 0
+    assert "OUTAGE" not in capsys.readouterr().out
+    assert main(["deploy", "sim", "--host", "root@gpu1", "--allow-outage"]) == 2
+    assert "--allow-outage is for --fleet" in capsys.readouterr().err
+
+
+def test_the_outage_estimate_is_the_ledger_s_deploys(tmp_path: Path) -> None:
+    from stackbuild.results.ledger import DeployRecord
+    from stackbuild.results.outage import deploy_seconds, pool_outage
+
+    rec = DeployRecord(id=1, recorded_at="t", host="h", stack="sim", variant=None, config="c", image="i", digest=None,
+                       strategy="side-by-side", outcome="promoted", crash_signature=None,
+                       durations={"lock": 0.5, "start": 1.0, "ready": 3.0, "gate": 20.0, "take over": 1.5},
+                       downtime_s=None, cause=None)
+    assert deploy_seconds(rec) == 26.0
+    from dataclasses import replace as dc_replace
+
+    assert deploy_seconds(dc_replace(rec, outcome="rolled-back")) is None
+    rt = load_stack("sim").runtime
+    assert pool_outage(tmp_path / "none.db", load_stack("sim"), 60.0).endswith(
+        f"at most {rt.start_timeout_s + rt.ready_timeout_s + 60:g}s (runtime.start_timeout_s + ready_timeout_s + "
+        "the gate's deadline)")
