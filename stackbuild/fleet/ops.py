@@ -198,9 +198,12 @@ class RealOps:
     # --- FleetOps ---------------------------------------------------------------
     @shown("converge")
     def converge(self, host: str) -> str | None:
-        with self.remote(host) as r:
-            did = converge.settle(r, paths_of(self.stack_of(host)), self._converger(host, r, "converge"),
-                                  run=self.lock_run(host))
+        with self.remote(host) as r, self.link(host, r) as link:
+            conv = self._converger(host, r, "converge")
+            # what a killed run left in the pool (a candidate taking over) is drained before it stops; the
+            # gateway step after preflight puts every serving host back in
+            conv.link, conv.join = link, False
+            did = converge.settle(r, paths_of(self.stack_of(host)), conv, run=self.lock_run(host))
         if did != "nothing to converge":
             self.say(host, [f"converged: {did}"])
         return None

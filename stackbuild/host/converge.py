@@ -50,6 +50,9 @@ class Converger:
     pace: Pace = field(default_factory=Pace)
     pull_timeout_s: float = 1800.0
     link: GatewayLink | None = None  # the gateway in front of the host: drained before a stop, joined once serving
+    # False: what stops is still drained first, but the restored release is not joined here (a deploy's
+    # recovery: its own gateway step brings the gateway up and the serving release in, after it)
+    join: bool = True
     _down_since: float | None = None
 
     # Outages are timed on the poller's clock (monotonic; a fake one in tests), the clock
@@ -150,7 +153,7 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
         write_state(remote, paths, restored)
     if cur is not None and link is not None:
         with rep.step("gateway") as st:  # serving again: back into the gateway (a no-op when it never left)
-            said = [link.join(cur.port), *_remove_spare(remote, paths, link, other(slot))]
+            said = [link.join(cur.port) if conv.join else "", *_remove_spare(remote, paths, link, other(slot))]
             st.detail = "; ".join(s for s in said if s)
     return restored
 

@@ -98,8 +98,9 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
     if state.pending is not None:
         with rep.step("recover") as st:
             st.detail = f"an interrupted {state.pending.op} of {state.pending.image} was pending"
-            # the gateway is brought up to date below: this only puts the host back
-            state = converge.to_current(remote, paths, state, _conv(req, svc, rep, gateway=False))
+            # what an interrupted run may have left in the pool (a candidate that was taking over) is
+            # drained before it stops; the gateway step below brings the serving release in
+            state = converge.to_current(remote, paths, state, _conv(req, svc, rep, join=False))
     incumbent_active = state.current is not None and units.is_active(remote, paths.unit_of(state.slot))
     p = place(stack, state, req.strategy)
     unit = paths.unit_of(p.slot)
@@ -183,6 +184,8 @@ def _run_candidate(
     unit = paths.unit_of(p.slot)
     with rep.step("start") as st:
         since = units.remote_now(remote)
+        if p.beside and gw is not None:  # a stale entry for its port (a killed run's) never routes to it
+            st.detail = _not_pooled(gw, p.port)
         if not p.beside and incumbent_active:
             if gw is not None:  # in-flight requests end on the incumbent; the gateway sends no new ones
                 st.detail = gw.leave_or_back(p.serving_port) + "; "
@@ -299,6 +302,14 @@ def _run_candidate(
     rep.finish("promoted")
 
 
+def _not_pooled(gw: GatewayLink, port: int) -> str:
+    """The candidate's port out of the gateway and its pool file before the candidate starts there: an
+    earlier run killed while its candidate took over left that URL in, and the gateway would route
+    users to the new, ungated process as soon as it answers. A no-op when it is not there."""
+    d = gw.leave(port)
+    return "" if d.detail.startswith("not in the gateway") else f"stale {d.url} out of the gateway ({d.detail}); "
+
+
 def _rejoin(gw: GatewayLink, port: int, rep: DeployReport) -> str | None:
     """The promoted server back into the gateway; None when in, else what to do."""
     try:
@@ -337,10 +348,10 @@ def _roll_back(
     rep.finish("rolled-back", cause)
 
 
-def _conv(req: DeployRequest, svc: Services, rep: DeployReport, *, gateway: bool = True) -> converge.Converger:
+def _conv(req: DeployRequest, svc: Services, rep: DeployReport, *, join: bool = True) -> converge.Converger:
     conv = converge.converger_for(req.stack, svc.endpoint, rep, req.pull_timeout_s, http_probe=svc.http_probe,
                                   pace=svc.pace)
-    conv.link = svc.gateway if gateway else None
+    conv.link, conv.join = svc.gateway, join
     return conv
 
 
