@@ -20,6 +20,7 @@ from helpers_deploy import (
     FakeGate,
     run,
     settled,
+    sim_stack,
     state,
     steps,
     unit_text,
@@ -29,6 +30,7 @@ from helpers_deploy import (
 from stackbuild.host.crash import classify
 from stackbuild.host.fake import FAILS_FIRST_GENERATION, NEVER_LISTENS, SERVES, UNHEALTHY, Behaviour, crashes
 from stackbuild.host.session import Interrupted
+from stackbuild.host.unit_probe import UnitProbe
 
 NO_KERNEL = "RuntimeError: CUDA error: no kernel image is available for execution on the device"
 IMA = "CUDA error: an illegal memory access was encountered"
@@ -157,3 +159,63 @@ def test_switch_that_fails_on_the_host_restores_the_incumbent() -> None:
     assert (rep.outcome, rep.exit_code) == ("rolled-back", 4)
     assert rep.cause == f"deploy step failed: switch {SVC} to the candidate failed on {host.address}"
     assert_incumbent_back(host, before, "swap", 0.0)
+
+
+# --- nothing measured unless it is the candidate (issue #29) --------------------------------
+
+
+def test_a_candidate_that_dies_on_a_port_the_incumbent_holds_is_a_start_failure_not_a_promotion() -> None:
+    """The reproduced case: staging_port == port (a stack from before `validate` refused it). The
+    candidate loads, then dies with EADDRINUSE; every layer meanwhile reaches the incumbent."""
+    host = with_incumbent(candidate=Behaviour(listens_after_s=2.0))
+    stack = sim_stack()
+    clash = stack.model_copy(update={"runtime": stack.runtime.model_copy(update={"staging_port": PORT})})
+    gate = FakeGate(host)
+    rep = run(host, "side-by-side", gate=gate, stack=clash)
+    assert (rep.outcome, rep.exit_code, rep.verdict) == ("rolled-back", 1, "not-ready")
+    assert rep.cause is not None and rep.cause.startswith(
+        f"candidate is not what answers on its port: the server on port {PORT} is not {CAND_UNIT}'s process: "
+        "it says weight_version 'sb-")
+    assert gate.calls == []  # nothing measured
+    st = settled(state(host))
+    assert st["current"]["image"] == INCUMBENT and st["pending"] is None and st["last_verdict"] == "not-ready"
+    assert host.serving(PORT) == INCUMBENT and host.state_of(MAIN) == "active"
+    assert CAND_UNIT not in host.running and host.unit_file(CAND_UNIT) is None
+
+
+def test_the_identity_is_this_start_of_the_unit() -> None:
+    host = with_incumbent()
+    inv = host.units[MAIN].invocation
+    assert inv and host.running[MAIN].weight_version == f"sb-{inv}"
+    probe = UnitProbe(host, MAIN, PORT, host.http_probe(f"http://127.0.0.1:{PORT}"))
+    assert probe.confirm() is None
+    # the same unit started again is another process: the old answer no longer proves it
+    host.run(["systemctl", "stop", MAIN])
+    host.run(["systemctl", "start", MAIN])
+    assert host.units[MAIN].invocation != inv
+    host.sleep(2.0)
+    assert probe.confirm() is None and host.running[MAIN].weight_version == f"sb-{host.units[MAIN].invocation}"
+    # a unit that is gone is a crash, whatever answers on its port
+    gone = UnitProbe(host, CAND_UNIT, PORT, host.http_probe(f"http://127.0.0.1:{PORT}"))
+    assert gone.confirm() == ("identity", f"the server on port {PORT} is not {CAND_UNIT}'s process: it says "
+                              f"weight_version 'sb-{host.units[MAIN].invocation}', this start of the unit is None")
+
+
+def test_a_candidate_replaced_during_its_gate_is_no_result() -> None:
+    """What the gate measured is the candidate's only if the candidate's own process answered
+    before and after it: one restarted meanwhile (another InvocationID) is rolled back, exit 4."""
+    host = with_incumbent()
+
+    class Restarts(FakeGate):
+        def __call__(self, url, prof, name, baseline):  # type: ignore[no-untyped-def]
+            out = super().__call__(url, prof, name, baseline)
+            host.run(["systemctl", "stop", CAND_UNIT])
+            host.run(["systemctl", "start", CAND_UNIT])
+            host.sleep(2.0)
+            return out
+
+    rep = run(host, "side-by-side", gate=Restarts(host))
+    assert (rep.outcome, rep.exit_code, rep.verdict) == ("rolled-back", 4, "error")
+    assert rep.cause is not None and rep.cause.startswith(
+        f"the gate did not measure the candidate: {CAND_UNIT} was started again")
+    assert settled(state(host))["current"]["image"] == INCUMBENT and host.serving(PORT) == INCUMBENT

@@ -96,6 +96,8 @@ def test_first_deploy_promotes_commits_and_sends_exactly_these_commands() -> Non
         ["date", "+%s"], sh_argv(units.INSTALL_SCRIPT, staged, PATHS.override_path),
         ["systemctl", "reset-failed", MAIN], ["systemctl", "start", MAIN],
         poll, poll, poll, poll, poll,  # it listens 2 s after its start; polled every 0.5 s
+        poll,  # then: is that its own process (still running, its identity), as also around the gate
+        poll, poll,
         ["mkdir", "-p", f"{PATHS.base}/results"], ["<put>", PATHS.result_file(key), "0644"],
         # the commit: unit into /etc, override dropped, enabled, then the state, in one command
         # and the transaction's secrets files (the backup: the operator's file now holds what runs)

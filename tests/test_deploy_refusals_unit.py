@@ -95,7 +95,7 @@ def test_connection_lost_mid_deploy_then_recover_converges() -> None:
     before = settled(state(host))
     host.drop_when(lambda a: a == sh_argv(POLL_SCRIPT, MAIN))  # while the candidate loads, the incumbent stopped
     req, svc = request(), services(host)
-    rep = run(host)
+    rep = deploy(host, req, svc)
     assert (rep.outcome, rep.exit_code, rep.needs_recovery) == ("failed", 4, True)
     assert rep.cause is not None and rep.cause.splitlines()[0] == f"{host.address}: connection lost (scripted)"
     assert steps(rep)[-1] == ("ready", False)
@@ -105,7 +105,8 @@ def test_connection_lost_mid_deploy_then_recover_converges() -> None:
     assert pending is not None and (pending.op, pending.image, pending.strategy) == ("deploy", CANDIDATE, "swap")
     assert PATHS.lock_dir in host.dirs and host.running[MAIN].image == CANDIDATE
 
-    recover(host.reconnect(), req, svc, rep)  # our own lock, over the new connection, is ours to take back
+    # this run's own lock (its run id, not merely this pid), over the new connection, is ours to take back
+    recover(host.reconnect(), req, svc, rep)
     assert rep.needs_recovery is False
     assert [n for n, _ in steps(rep)[-2:]] == ["restore", "verify serving"]
     assert settled(state(host)) == before  # pending cleared, current as it was

@@ -42,10 +42,15 @@ def test_a_second_server_on_a_held_port_dies_with_eaddrinuse() -> None:
     host.images |= {INCUMBENT, CANDIDATE}
     units.install(host, staged(host, unit_text(INCUMBENT)), PATHS.unit_path(MAIN))
     units.start(host, MAIN)
+    host.now += 2.0  # it listens
     other = PATHS.unit_path("other.service")
     units.install(host, staged(host, unit_text(CANDIDATE, name="other"), "/srv/o.service"), other)
     units.start(host, "other.service")
-    assert host.state_of("other.service") == "activating" and host.serving(PORT) is None  # still loading
+    # it loads first (the incumbent still answers on the port), and dies where it binds it
+    assert host.state_of("other.service") == "active" and host.serving(PORT) == INCUMBENT
+    host.now += 2.0
+    host.run(["date", "+%s"])
+    assert host.state_of("other.service") == "activating" and host.serving(PORT) == INCUMBENT
     assert [ln for _, ln in host.journal["other.service"]][-3] == "OSError: [Errno 98] Address already in use"
 
 

@@ -421,3 +421,154 @@ def test_fleet_status_table() -> None:
         "last rollout r1 of sim-good (sha256:aaaaaaaaaaaa): stopped, on_failure=halt: wave 1 failed",
         "  h0: promoted (pass) FLAGGED",
     ]
+
+
+# --- one machine, one place (issue #29) ----------------------------------------------------
+
+
+def test_clashing_hosts_are_refused_at_the_line_that_clashes(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    inv, ledger = tmp_path / "inv.yaml", tmp_path / "ledger.db"
+    inv.write_text("hosts:\n"
+                   "  - {name: a, address: '127.0.0.1:2222', port: 34100, staging_port: 34100}\n"
+                   "  - {name: b, address: 'root@127.0.0.1:2223'}\n"
+                   "  - {name: c, address: '127.0.0.1:2223'}\n"
+                   "  - {name: d, address: 'LOCALHOST', service: two, port: 40000, staging_port: 40001}\n"
+                   "  - {name: e, address: 'localhost:22', service: three, port: 40001, staging_port: 40002}\n"
+                   "  - {name: f, address: '127.0.0.1:2223', service: four, port: 41000, staging_port: 41001}\n")
+    rc = main(["deploy", "sim", "--fleet", "--inventory", str(inv), "--image", "r@sha256:" + "0" * 64,
+               "--ledger", str(ledger)])
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, "")
+    assert err.splitlines() == [
+        f"{inv}:2:69: error: hosts.0: host a: staging_port 34100 is its port too; the candidate must bind a port "
+        "the incumbent does not hold: give it another staging_port [addresses]",
+        f"{inv}:4:12: error: hosts.2: host c is b again (address 127.0.0.1:2223, service stackbuild-sim): a host "
+        "takes one place in a rollout; remove one, or give it its own service [addresses]",
+        f"{inv}:6:62: error: hosts.4: host e shares port(s) 40001 with d on the same address localhost:22: give "
+        "each service its own port and staging_port [addresses]",
+    ]
+    assert not ledger.exists()  # refused before a rollout was recorded or a host reached
+
+
+def test_a_staging_port_on_the_port_is_a_spec_error(tmp_path: Path) -> None:
+    from tests.helpers_spec import BASE, project
+
+    root = project(tmp_path, {"s.yaml": BASE + "  port: 34100\n  staging_port: 34100\n"})
+    with pytest.raises(SpecError) as exc:
+        load_stack("s", root=root)
+    assert [str(f) for f in exc.value.findings] == [
+        f"{root / 'stacks' / 's.yaml'}:19:17: error: runtime.staging_port: staging_port 34100 is runtime.port too; "
+        "the candidate must bind a port the incumbent does not hold: give it another staging_port (got 34100) [type]"]
+
+
+def test_validate_says_what_deploy_fleet_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sim = Path(load_stack("sim").source).read_text()
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "s.yaml").write_text(sim.replace("host:\n", "host:\n  inventory: inv.yaml\n", 1))
+    (tmp_path / "inv.yaml").write_text("- {name: a, address: gpu1}\n- {name: b, address: 'root@gpu1:22'}\n")
+    rc = main(["--root", str(tmp_path), "validate", "s", "--offline"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert (f"{tmp_path / 'inv.yaml'}:2:10: error: hosts.1: host b is a again (address gpu1:22, service "
+            "stackbuild-sim): a host takes one place in a rollout") in err
+
+
+def test_the_same_machine_twice_on_the_command_line_is_refused() -> None:
+    from stackbuild.fleet.inventory import check_chosen
+
+    stack = load_stack("sim")
+    hosts = select([], ["root@gpu1", "gpu1:22"], "s")
+    with pytest.raises(InputError) as err:
+        check_chosen(stack, hosts)
+    assert str(err.value).startswith("--hosts: --hosts.1: host gpu1:22 is root@gpu1 again (address gpu1:22")
+
+
+def test_a_second_live_rollout_of_the_stack_is_refused_naming_the_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #29: two identical rollouts at once; the second attached to the first as "(resumed)"."""
+    from stackbuild.fleet.live import RolloutLive, lock_path, only_rollout
+
+    ledger = tmp_path / "ledger.db"
+    argv = ["deploy", "sim", "--fleet", "--hosts", "root@gpu1,root@gpu2", "--image", "r@sha256:" + "0" * 64,
+            "--ledger", str(ledger)]
+    with only_rollout(ledger, "sim") as live:
+        live.name("r20261204-abcd")
+        rc = main(argv)
+        out, err = capsys.readouterr()
+        assert (rc, out) == (4, "")
+        assert err.startswith("stackbuild: another rollout of sim is live (rollout r20261204-abcd by pid "), err
+        assert err.rstrip().endswith("a killed rollout is resumed by re-running its command)")
+    from stackbuild.results.ledger import Ledger
+
+    assert lock_path(ledger, "sim").exists()
+    with Ledger(ledger) as db:
+        assert db.rollouts() == []  # refused before a rollout was recorded (or a host reached)
+    with only_rollout(ledger, "sim"):  # free again once the first ends, however it ended
+        pass
+    with only_rollout(ledger, "sim-other"), pytest.raises(RolloutLive, match="another rollout of sim-other is live"), \
+            only_rollout(ledger, "sim-other"):
+        pass
+
+
+# --- an outage said before it happens (issue #29) -----------------------------------------
+
+
+def test_waves_that_take_every_host_of_the_pool() -> None:
+    from stackbuild.fleet.plan import emptying_waves
+
+    assert emptying_waves(plan_waves(["h0"], ("100%",)), ["h0"]) == [0]  # a 1-host fleet's canary
+    assert emptying_waves(plan_waves(["h0", "h1"], ("100%",)), ["h0", "h1"]) == []  # h0 serves during wave 1
+    assert emptying_waves([["h0", "h1"]], ["h0", "h1"]) == [0]
+    assert emptying_waves([], []) == []
+
+
+def test_a_one_host_fleet_behind_the_gateway_is_an_outage_said_and_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ledger = tmp_path / "ledger.db"
+    base = ["deploy", "sim", "--fleet", "--hosts", "root@gpu1", "--image", "r@sha256:" + "0" * 64,
+            "--ledger", str(ledger)]
+    stack = load_stack("sim")
+    bound = (stack.runtime.start_timeout_s + stack.runtime.ready_timeout_s
+             + stack.gate.profiles[stack.gate.default_profile].gate_deadline_s())
+    said = ("OUTAGE: the canary (root@gpu1) takes every host of the pool out of the gateway at once; the gateway has "
+            "no server from the drain until the host is back: clients get errors for the whole deploy; the ledger "
+            f"has no deploy of sim yet: at most {bound:g}s (runtime.start_timeout_s + ready_timeout_s + the gate's "
+            "deadline)")
+    assert main(base) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"stackbuild: {said}; refused without --allow-outage (or add hosts, or plan smaller "
+                              "waves)\n")
+    assert not ledger.exists()  # before the ledger, a build or a host
+    # the dry run shows the plan with it, and refuses the same
+    assert main([*base, "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith("fleet: plan: canary: root@gpu1; on_failure=halt")
+    assert out.splitlines()[1] == f"fleet: {said}"
+    assert err == f"stackbuild: {said}; refused without --allow-outage\n"
+    assert main([*base, "--dry-run", "--allow-outage"]) == 0
+    out, _ = capsys.readouterr()
+    assert out.splitlines()[1:] == [f"fleet: {said}", "fleet: dry run: no image built, no host touched"]
+    # two hosts: one serves while the other is out; nothing to say
+    assert main([*base[:4], "root@gpu1,root@gpu2", *base[5:], "--dry-run"]) == 0
+    assert "OUTAGE" not in capsys.readouterr().out
+    assert main(["deploy", "sim", "--host", "root@gpu1", "--allow-outage"]) == 2
+    assert "--allow-outage is for --fleet" in capsys.readouterr().err
+
+
+def test_the_outage_estimate_is_the_ledger_s_deploys(tmp_path: Path) -> None:
+    from stackbuild.results.ledger import DeployRecord
+    from stackbuild.results.outage import deploy_seconds, pool_outage
+
+    rec = DeployRecord(id=1, recorded_at="t", host="h", stack="sim", variant=None, config="c", image="i", digest=None,
+                       strategy="side-by-side", outcome="promoted", crash_signature=None,
+                       durations={"lock": 0.5, "start": 1.0, "ready": 3.0, "gate": 20.0, "take over": 1.5},
+                       downtime_s=None, cause=None)
+    assert deploy_seconds(rec) == 26.0
+    from dataclasses import replace as dc_replace
+
+    assert deploy_seconds(dc_replace(rec, outcome="rolled-back")) is None
+    rt = load_stack("sim").runtime
+    assert pool_outage(tmp_path / "none.db", load_stack("sim"), 60.0).endswith(
+        f"at most {rt.start_timeout_s + rt.ready_timeout_s + 60:g}s (runtime.start_timeout_s + ready_timeout_s + "
+        "the gate's deadline)")

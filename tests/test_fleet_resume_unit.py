@@ -14,12 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers_deploy import CANDIDATE, INCUMBENT, PATHS, assert_boots_what_the_state_names, state
-from helpers_fleet import Kill, fake_fleet, fleet_stack, revive, rollout
+from helpers_deploy import CANDIDATE, INCUMBENT, PATHS, FakeGate, assert_boots_what_the_state_names, state
+from helpers_fleet import Kill, fake_fleet, fleet_gateway, fleet_stack, revive, rollout
 
 from stackbuild.gate.result import GateResult
 from stackbuild.host import units
 from stackbuild.host.fake import FakeHost, Killed
+from stackbuild.host.fake_server import Proc
 from stackbuild.host.state import other
 from stackbuild.results.ledger import Ledger
 
@@ -138,3 +139,73 @@ def test_a_refused_rollout_is_resumed_under_its_id_and_keeps_what_it_recorded(tm
     fakes["h2"].docker_version = "27.3.1"
     done = rollout(fakes, stack, tmp_path)
     assert done.code == 0 and [(r[0], r[1]) for r in _ledger(tmp_path)] == [(rid, "completed")]
+
+
+# --- a take-over killed at each step never serves an ungated build (issue #29) ---------------------
+
+
+def _proc_at(fakes: dict[str, FakeHost], url: str) -> Proc | None:
+    """The process a gateway URL reaches (h0's own servers are 127.0.0.1 to the gateway on h0)."""
+    name, port = url.removeprefix("http://").rsplit(":", 1)
+    f = fakes["h0" if name == "127.0.0.1" else name]
+    return next((p for p in tuple(f.running.values()) if p.port == int(port) and p.listening(f.now)), None)
+
+
+@pytest.mark.parametrize("k", range(14))
+def test_a_take_over_killed_at_each_step_then_rerun_sends_no_request_to_an_ungated_build(
+        tmp_path: Path, k: int) -> None:
+    """h1's deploy is SIGKILLed before its k-th command after its gate passed (the take-over: into the pool,
+    the incumbent drained and stopped, the unit staged, the commit; then its soak), with a client sending
+    through the gateway on every command of both runs. Every request lands on the incumbent's build or on
+    a candidate's process after its own gate passed, and none fails between the first and last success."""
+    fakes = fake_fleet()
+    stack = fleet_stack("side-by-side", soak_s=3.0)
+    gw = fleet_gateway(fakes)
+    gated: set[str] = set()  # identities (--weight-version: the unit's start) whose gate passed
+    bad: list[str] = []  # requests that reached a candidate process before its gate passed
+    ok: list[bool] = []
+    after_gate = {"on": False, "n": 0}
+
+    def gate_of(name: str) -> Callable[..., GateResult]:
+        inner = FakeGate(fakes[name])
+
+        def gate(url: str, *a: object) -> GateResult:
+            out = inner(url, *a)  # type: ignore[arg-type]
+            proc = _proc_at({name: fakes[name], "h0": fakes["h0"]}, url.replace("127.0.0.1", name))
+            if proc is not None and out.verdict in ("pass", "reference"):
+                gated.add(proc.weight_version)
+                after_gate["on"] = after_gate["on"] or name == "h1"
+            return out
+
+        return gate
+
+    def client(addr: str, args: list[str]) -> bool:
+        url = gw.send()
+        ok.append(url is not None)
+        if url is not None and (p := _proc_at(fakes, url)) is not None \
+                and p.image == CANDIDATE and p.weight_version not in gated:
+            bad.append(f"{url} ({p.weight_version}) before its gate, at {addr} {args[:3]}")
+        return False
+
+    def kill_k(addr: str, args: list[str]) -> bool:
+        client(addr, args)
+        if after_gate["on"] and addr in (H1, "root@h0"):
+            after_gate["n"] += 1
+            return after_gate["n"] == k + 1
+        return False
+
+    gates = {n: gate_of(n) for n in fakes}
+    try:
+        first = rollout(fakes, stack, tmp_path, gates, die_before=kill_k, gw=gw)
+        assert first.code == 0, "\n".join(first.out)  # k past the end of the rollout: nothing to resume
+    except Killed:
+        revive(fakes)
+        again = rollout(fakes, stack, tmp_path, gates, die_before=client, gw=gw)
+        assert again.code == 0, "\n".join(again.out)
+    assert bad == []
+    served = ok[ok.index(True): len(ok) - ok[::-1].index(True)]
+    assert served.count(False) == 0, gw.failures
+    assert len(served) > 50
+    for name, f in fakes.items():
+        st = state(f)
+        assert st.current is not None and st.current.image == CANDIDATE and st.pending is None, name

@@ -150,7 +150,8 @@ def test_a_side_by_side_candidate_that_fails_its_gate_never_joins() -> None:
     rep = run(host, "side-by-side", gate=FakeGate(host, verdicts={CANDIDATE: "fail"}), gateway=link)
     assert (rep.outcome, rep.exit_code) == ("rolled-back", 1)
     # in from the bring-up on, the incumbent stays; the restore makes sure of it, then the candidate goes
-    assert gw.calls == [f"add {U_MAIN}", f"add {U_MAIN}", f"remove {U_STAGING}"]
+    # (the candidate's port is taken out before it starts there: no stale entry routes to it)
+    assert gw.calls == [f"add {U_MAIN}", f"remove {U_STAGING}", f"add {U_MAIN}", f"remove {U_STAGING}"]
     assert pool(host, gw) == ([U_MAIN], [U_MAIN]) and host.serving(PORT) == INCUMBENT
     assert (gw.failed, gw.failures) == (0, [])
 
@@ -161,7 +162,8 @@ def test_an_incumbent_that_will_not_empty_stays_and_the_candidate_that_joined_le
     rep = run(host, "side-by-side", gateway=link)
     assert (rep.outcome, rep.exit_code) == ("rolled-back", 4), rep.render()
     assert rep.cause is not None and f"drain of {U_MAIN} from the gateway" in rep.cause
-    assert gw.calls == [f"add {U_MAIN}", f"add {U_STAGING}", f"remove {U_MAIN}", f"add {U_MAIN}",  # back in
+    assert gw.calls == [f"add {U_MAIN}", f"remove {U_STAGING}", f"add {U_STAGING}", f"remove {U_MAIN}",
+                        f"add {U_MAIN}",  # back in
                         f"add {U_MAIN}", f"remove {U_STAGING}"]  # the restore: the incumbent stays, the candidate goes
     assert pool(host, gw) == ([U_MAIN], [U_MAIN]) and host.serving(PORT) == INCUMBENT
     assert state(host).current.image == INCUMBENT and CAND_UNIT not in host.running  # type: ignore[union-attr]

@@ -134,6 +134,7 @@ def test_side_by_side_joins_the_candidate_where_it_runs_then_drains_and_stops_th
     assert code == 0
     assert of(timeline, "h1") == [
         "add http://h1:31000", "remove http://h1:31000",
+        "remove http://h1:31001",  # no stale entry for the candidate's port before it starts there
         f"h1 start {CAND}", f"h1 gate {CANDIDATE}",
         "add http://h1:31001",  # it passed: into the pool on the staging port, where it runs
         "remove http://h1:31000", f"h1 stop {MAIN}",  # the incumbent, out of the pool already, stops

@@ -176,3 +176,21 @@ def test_broken_locks_do_not_pile_up_and_status_shows_an_ownerless_one() -> None
     kept = [d for d in host.dirs if d.startswith(LOCK + ".stale.")]
     assert len(kept) == 1 and kept[0] != LOCK + ".stale.1" and LOCK + ".stale.1/owner.json" not in host.files
     assert "LOCKED" not in status(host, PATHS).render(host.address)
+
+
+def test_two_runs_of_one_process_never_break_each_other_s_lock() -> None:
+    """Issue #29: a rollout's threads share the pid; a lock its other thread took 0.18 s ago was broken
+    as stale. The owner is the run (rollout/host), so the second is refused; the first's own run (its
+    recovery after a lost connection) may still take it back."""
+    host = FakeHost()
+    first = LockOwner(socket.gethostname(), os.getpid(), time.time(), "deploy", time.time() + 600, run="r1/a")
+    second = LockOwner(socket.gethostname(), os.getpid(), time.time(), "deploy", time.time() + 600, run="r1/b")
+    with HostLock(host, PATHS, first, ttl_s=900):
+        with pytest.raises(LockHeld, match=r"another deploy holds the host lock \(deploy \(r1/a\) by pid"), \
+                HostLock(host, PATHS, second, ttl_s=900):
+            pytest.fail("must not enter")
+        assert host.files[f"{LOCK}/owner.json"] == first.to_json()
+        assert not any(d.startswith(LOCK + ".stale.") for d in host.dirs)
+        again = LockOwner(first.host, first.pid, time.time(), "recover", None, run="r1/a")
+        with HostLock(host, PATHS, again, ttl_s=900) as lock:
+            assert lock.broke == first

@@ -107,6 +107,9 @@ def test_dry_run_records_and_never_runs_changes() -> None:
 # --- crash signatures ----------------------------------------------------------
 
 CRASH_LOGS = {
+    # uvicorn's, which sglang's HTTP server runs on, when the port is held
+    "port-in-use": "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 30001): "
+    "address already in use",
     "container-create": "docker: Error response from daemon: failed to create shim task: OCI "
     "runtime create failed: runc create failed: error setting rlimits for ready process",
     "cuda-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
@@ -289,9 +292,14 @@ def test_lock_owner_roundtrip_and_staleness() -> None:
     assert not is_stale(o, now=1001, ttl_s=60, local_host="other", alive=dead)
     assert is_stale(o, now=1061, ttl_s=60, local_host="other", alive=alive)
     assert not is_stale(None, now=10**9, ttl_s=60, local_host="box", alive=dead)
-    # this process's own lock from a connection that died is taken back
-    assert is_stale(o, now=1001, ttl_s=60, local_host="box", alive=alive, own_pid=4242)
-    assert not is_stale(o, now=1001, ttl_s=60, local_host="box", alive=alive, own_pid=1)
+    # a run's own lock from a connection that died is taken back by that run (its recovery)...
+    mine = LockOwner("box", 4242, 1000.0, "deploy sim", run="r1/h0")
+    assert LockOwner.from_json(mine.to_json()) == mine
+    assert is_stale(mine, now=1001, ttl_s=60, local_host="box", alive=alive, own_run="r1/h0")
+    # ...never by another run of the same live process (a rollout's other thread: same pid)
+    assert not is_stale(mine, now=1001, ttl_s=60, local_host="box", alive=alive, own_run="r1/h1")
+    assert not is_stale(o, now=1001, ttl_s=60, local_host="box", alive=alive, own_run="")
+    assert not is_stale(mine, now=1001, ttl_s=60, local_host="other", alive=dead, own_run="r1/h0")
 
 
 # --- report -------------------------------------------------------------------------

@@ -47,6 +47,9 @@ class Scripted:
     def health(self) -> tuple[bool, str]:
         return self._next("health")
 
+    def identity(self) -> str | None:
+        return None
+
     def generate(self) -> tuple[bool, str]:
         return self._next("generate")
 

@@ -143,3 +143,18 @@ def test_max_running_requests_caps_the_batch_and_queues_the_rest() -> None:
                 time.sleep(0.05)
             assert (state["num_running_reqs"], state["num_queue_reqs"]) == (4, 6)
             assert [f.result()[0] for f in futures] == [200] * 10
+
+
+def test_weight_version_is_served_where_sglang_serves_it() -> None:
+    """sglang's --weight-version (server_args.weight_version): /get_model_info, /get_weight_version,
+    /server_info (every server arg) and each answer's meta_info; the deploy reads the first."""
+    with sim("--speed", "50", "--weight-version", "sb-0123abcd") as s:
+        assert json.loads(http(s.url + "/get_model_info")[1])["weight_version"] == "sb-0123abcd"
+        assert json.loads(http(s.url + "/get_weight_version")[1]) == {"weight_version": "sb-0123abcd"}
+        info = json.loads(http(s.url + "/server_info")[1])
+        assert info["weight_version"] == "sb-0123abcd" and "--weight-version sb-0123abcd" in info["launch_command"]
+        status, raw = http(s.url + "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+        assert status == 200 and json.loads(raw)["meta_info"]["weight_version"] == "sb-0123abcd"
+        assert HttpProbe(s.url).identity() == "sb-0123abcd"
+    with sim("--speed", "50") as s:
+        assert HttpProbe(s.url).identity() == "default"

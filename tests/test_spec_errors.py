@@ -45,6 +45,18 @@ CASES = [
         id="wrong-type",
     ),
     pytest.param(
+        BASE + "  port: 30000\n  staging_port: 30000\n",
+        "stacks/s.yaml:19:17: error: runtime.staging_port: staging_port 30000 is runtime.port too; the candidate "
+        "must bind a port the incumbent does not hold: give it another staging_port (got 30000) [type]",
+        id="staging-port-is-port",
+    ),
+    pytest.param(
+        BASE.replace("    --tp-size: 8\n", "    --tp-size: 8\n    --weight-version: v2\n"),
+        "stacks/s.yaml:13:5: error: server.flags: '--weight-version' is set by stackbuild from the unit's start "
+        "(its systemd InvocationID); remove it [reserved-flag]",
+        id="identity-flag-reserved",
+    ),
+    pytest.param(
         BASE.replace("  model_path: /models/m\n", ""),
         "stacks/s.yaml:10:3: error: server.model_path: required key is missing; add it [missing-key]",
         id="missing-key",

@@ -35,6 +35,9 @@ class AlwaysOpen:
     def health(self) -> tuple[bool, str]:
         return True, "/health answered 200"
 
+    def identity(self) -> str | None:
+        return None
+
     def generate(self) -> tuple[bool, str]:
         return True, "generated 'x'"
 

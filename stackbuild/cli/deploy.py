@@ -122,6 +122,10 @@ def _root(ctx: click.Context) -> Path:
     default=None,
     help="With --fleet: on a failed wave, keep earlier waves (halt) or take them back too (default: the spec's).",
 )
+@click.option("--allow-outage", is_flag=True,
+              help="With --fleet: go ahead with a wave that takes every host of the gateway's pool out at once "
+                   "(a 1-host fleet); the plan says how long clients get errors. Without it such a rollout is "
+                   "refused (exit 2).")
 @click.option("--soak", "soak_s", type=click.FloatRange(min=0), default=None,
               help="With --fleet: seconds to watch each wave after it is promoted (default: host.fleet.soak_s).")
 @click.option("--prune-workers", is_flag=True,
@@ -150,6 +154,7 @@ def deploy_cmd(
     inventory: Path | None,
     on_failure: str | None,
     soak_s: float | None,
+    allow_outage: bool,
     prune_workers: bool,
     show_progress: bool | None,
 ) -> None:
@@ -167,11 +172,14 @@ def deploy_cmd(
     from stackbuild.host.fit import check_side_by_side
 
     check_side_by_side(stack, strategy or stack.host.strategy)  # before any host is touched
+    if allow_outage and not fleet:
+        raise InputError("--allow-outage is for --fleet: a single deploy states its own outage (swap) and has none "
+                         "behind a gateway (side-by-side)")
     if fleet or hosts_csv or inventory:
         from stackbuild.fleet.session import FleetArgs, run_fleet
 
-        if not fleet or host_text or dry_run or strategy or json_out:
-            raise InputError("--hosts/--inventory need --fleet; --fleet takes no --host, --dry-run, --strategy "
+        if not fleet or host_text or strategy or json_out:
+            raise InputError("--hosts/--inventory need --fleet; --fleet takes no --host, --strategy "
                              "or --json (per-host settings live in the inventory)")
         fargs = FleetArgs(
             stack=stack,
@@ -180,6 +188,8 @@ def deploy_cmd(
             inventory=inventory,
             on_failure=on_failure,
             soak_s=soak_s,
+            allow_outage=allow_outage,
+            dry_run=dry_run,
             image=image,
             registry=registry or stack.host.registry,
             profile_name=profile_name,

@@ -35,10 +35,12 @@ from stackbuild.errors import InputError
               help="serve /metrics (Prometheus), as sglang does only with this flag")
 @click.option("--context-length", default=262144, show_default=True, type=click.IntRange(min=2),
               help="longest prompt + output in tokens; longer ones are refused, as in sglang")
+@click.option("--weight-version", default="default", show_default=True,
+              help="a label /get_model_info, /server_info and every answer's meta_info carry, as in sglang")
 def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
             warmup_s: float, load_s: float, seed: int, model_path: str,
             served_model_name: str | None, max_running_requests: int | None,
-            enable_metrics: bool, context_length: int) -> None:
+            enable_metrics: bool, context_length: int, weight_version: str) -> None:
     """Run the SGLang-compatible simulated server (no GPU)."""
     import asyncio
 
@@ -57,7 +59,8 @@ def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
     opts = SimOptions(host=host, port=port, profile=profile, speed=speed, fault=parsed,
                       warmup_s=warmup_s, load_s=load_s, seed=seed, model_path=model_path,
                       served_model_name=served_model_name, max_running_requests=max_running_requests,
-                      enable_metrics=enable_metrics, context_length=context_length)
+                      enable_metrics=enable_metrics, context_length=context_length,
+                      weight_version=weight_version)
     try:
         rc = asyncio.run(serve(opts))
     except OSError as err:

@@ -63,6 +63,7 @@ def _targets(ctx: click.Context, names: tuple[str, ...]) -> list[str]:
 
 def _check_all(ctx: click.Context, name: str, offline: bool, variants: list[str | None] | None = None) -> list[Finding]:
     """Findings for a stack and each of its variants, deduplicated by position."""
+    from stackbuild.fleet.inventory import fleet_findings
     from stackbuild.spec.check import check_stack
     from stackbuild.spec.load import load_stack
 
@@ -71,7 +72,7 @@ def _check_all(ctx: click.Context, name: str, offline: bool, variants: list[str 
     for v in variants if variants is not None else [None, *base.variants]:
         try:
             stack = base if v is None else load_stack(name, root=_root(ctx), variant=v)
-            findings = check_stack(stack, offline=offline)
+            findings = check_stack(stack, offline=offline) + fleet_findings(stack)
         except SpecError as err:
             findings = err.findings
         for f in findings:

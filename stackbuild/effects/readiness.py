@@ -32,6 +32,10 @@ class Probe(Protocol):
 
     def generate(self) -> tuple[bool, str]: ...
 
+    def identity(self) -> str | None:
+        """What the server says it is (sglang's weight_version), None when nothing says: a deploy
+        compares it with the one its candidate's unit was started with (host/unit_probe.py)."""
+
 
 @dataclass(frozen=True)
 class Pace:
@@ -49,6 +53,7 @@ class Readiness:
     detail: str
     seconds: float
     layers: dict[str, float] = field(default_factory=dict)  # layer -> seconds until it first held
+    identity: str = ""  # the server's identity once confirmed its own unit's (host/deploy_steps.py)
 
     def raise_unless_ok(self, what: str) -> None:
         if not self.ok:
@@ -82,6 +87,17 @@ class HttpProbe:
         if not text.strip():
             return False, f"{self.url}: a real generation returned empty text"
         return True, f"generated {text[:40]!r}"
+
+    def identity(self) -> str | None:
+        # sglang's /get_model_info returns server_args.weight_version (http_server.py get_model_info);
+        # /server_info has it too, but asks the scheduler for its internal state on the way
+        try:
+            reply = http.get(self.url.rstrip("/") + "/get_model_info", timeout=10.0)
+            doc = reply.json() if reply.status == 200 else None
+        except (http.HttpFailure, ValueError):
+            return None
+        got = doc.get("weight_version") if isinstance(doc, dict) else None
+        return got if isinstance(got, str) else None
 
 
 def wait_ready(

@@ -11,11 +11,13 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from stackbuild.errors import Finding, InputError, SpecError
+from stackbuild.spec.addresses import clash_findings, placed
 from stackbuild.spec.check import check_flags
 from stackbuild.spec.fleet import Fleet, FleetHost, Inventory
 from stackbuild.spec.kinds import SshTarget
-from stackbuild.spec.load import control_char_findings, read_located
+from stackbuild.spec.load import control_char_findings, positions, read_located
 from stackbuild.spec.stack import Stack
+from stackbuild.spec.yamlpos import Located, Pos
 
 _KEYS = {"hosts", "fleet", *FleetHost.model_fields, *Fleet.model_fields}
 
@@ -23,6 +25,10 @@ _KEYS = {"hosts", "fleet", *FleetHost.model_fields, *Fleet.model_fields}
 def load_inventory(path: Path) -> Inventory:
     """An inventory YAML file through the stack specs' boundary (size, UTF-8, YAML, control
     characters, kinds): every problem a file:line:col line (exit 2), before any host is touched."""
+    return _load_inventory(path)[0]
+
+
+def _load_inventory(path: Path) -> tuple[Inventory, Located]:
     loc = read_located(path, str(path), "inventory")
     problems = control_char_findings(loc.data, loc)
     seen = {(f.line, f.col) for f in problems}
@@ -44,16 +50,45 @@ def load_inventory(path: Path) -> Inventory:
                 problems.append(Finding(pos.file, pos.line, pos.col, "error", f"{what}: {msg}", "inventory"))
     if problems:
         raise SpecError(sorted(problems, key=lambda f: (f.line, f.col)))
-    return inv
+    return inv, loc
 
 
 def fleet_of(stack: Stack, inventory: Path | None = None) -> tuple[list[FleetHost], Fleet]:
-    """The declared hosts and rollout policy: --inventory, else host.inventory, else host.hosts."""
+    """The declared hosts and rollout policy: --inventory, else host.inventory, else host.hosts.
+
+    Hosts that clash (the same machine and service twice, shared ports, a staging_port that is the
+    port) are refused here, file:line:col (spec/addresses.py), before any host is touched."""
     path = inventory or (stack.root / stack.host.inventory if stack.host.inventory else None)
+    rt = stack.runtime
     if path is not None:
-        inv = load_inventory(path)
-        return list(inv.hosts), inv.fleet or stack.host.fleet
-    return list(stack.host.hosts), stack.host.fleet
+        inv, loc = _load_inventory(path)
+        top: tuple[str, ...] = ("hosts",) if isinstance(loc.data, dict) else ()
+        hosts, fleet, where = list(inv.hosts), inv.fleet or stack.host.fleet, "hosts"
+
+        def pos(i: int, key: str) -> Pos:
+            return loc.pos((*top, i, key))
+    else:
+        spec = positions(stack)
+        hosts, fleet, where = list(stack.host.hosts), stack.host.fleet, "host.hosts"
+
+        def pos(i: int, key: str) -> Pos:
+            return spec.pos(("host", "hosts", i, key))
+    found = clash_findings(placed(hosts, stack.host.service, rt.port, rt.staging_port), pos, where)
+    if found:
+        raise SpecError(found)
+    return hosts, fleet
+
+
+def fleet_findings(stack: Stack) -> list[Finding]:
+    """What `deploy --fleet` would refuse in the stack's fleet (host.hosts, or its host.inventory file),
+    for `validate` to say first: none when the stack declares no fleet."""
+    if not stack.host.hosts and not stack.host.inventory:
+        return []
+    try:
+        fleet_of(stack)
+    except SpecError as err:
+        return list(err.findings)
+    return []
 
 
 def select(declared: list[FleetHost], wanted: list[str] | None, where: str) -> list[FleetHost]:
@@ -68,6 +103,15 @@ def select(declared: list[FleetHost], wanted: list[str] | None, where: str) -> l
     chosen = [by_name.get(w) or _address_host(w) for w in wanted]
     _unique(chosen, where)
     return chosen
+
+
+def check_chosen(stack: Stack, hosts: list[FleetHost]) -> None:
+    """`--hosts` words that reach one machine twice (root@a and a), refused as the spec's own are."""
+    rt = stack.runtime
+    found = clash_findings(placed(hosts, stack.host.service, rt.port, rt.staging_port),
+                           lambda i, key: Pos("--hosts", 1, 1), "--hosts")
+    if found:
+        raise InputError("\n".join(f"--hosts: {f.message}" for f in found))
 
 
 def _address_host(word: str) -> FleetHost:

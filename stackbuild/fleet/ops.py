@@ -199,8 +199,12 @@ class RealOps:
     # --- FleetOps ---------------------------------------------------------------
     @shown("converge")
     def converge(self, host: str) -> str | None:
-        with self.remote(host) as r:
-            did = converge.settle(r, paths_of(self.stack_of(host)), self._converger(host, r, "converge"))
+        with self.remote(host) as r, self.link(host, r) as link:
+            conv = self._converger(host, r, "converge")
+            # what a killed run left in the pool (a candidate taking over) is drained before it stops; the
+            # gateway step after preflight puts every serving host back in
+            conv.link, conv.join = link, False
+            did = converge.settle(r, paths_of(self.stack_of(host)), conv, run=self.lock_run(host))
         if did != "nothing to converge":
             self.say(host, [f"converged: {did}"])
         return None
@@ -296,8 +300,8 @@ class RealOps:
 
     def _deploy(self, host: str, hs: Stack) -> DeployResult:
         reports: list[DeployReport] = []
-        args = deploy_args(replace(self.run, image=self.image, gateway_host=self.gateway_at, drained=True), stack=hs,
-                           host_text=self.hosts[host].target)
+        args = deploy_args(replace(self.run, image=self.image, gateway_host=self.gateway_at, drained=True,
+                                   lock_run=self.lock_run(host)), stack=hs, host_text=self.hosts[host].target)
         feed = bind(self.sink, host)
         try:  # its steps to the rollout's display, its report and what it recorded to the rollout's log
             code = run_deploy(args, echo=lambda text: feed(Log(text)), reports=reports, sink=feed)
@@ -340,9 +344,14 @@ class RealOps:
         with self.remote(host) as r, self.link(host, r) as link:
             conv = self._converger(host, r, "rollback")
             conv.link = link  # drained before it stops, back in once the incumbent serves
-            converge.rollback(r, paths_of(self.stack_of(host)), conv)
+            converge.rollback(r, paths_of(self.stack_of(host)), conv, run=self.lock_run(host))
         self.say(host, ["reverted to the incumbent: " + (conv.report.cause or conv.report.outcome)])
         return None
+
+    def lock_run(self, host: str) -> str:
+        """Who owns `host`'s lock: this rollout on that host, never just this process (its threads share
+        the pid; two of them must not break each other's locks)."""
+        return f"{self.run.lock_run or 'rollout'}/{host}"
 
     def host_class(self, host: str) -> str:
         h, hs = self.hosts[host], self.stack_of(host)

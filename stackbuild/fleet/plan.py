@@ -41,6 +41,13 @@ def plan_waves(hosts: Sequence[str], steps: Sequence[WaveStep], max_parallel: in
     return waves
 
 
+def emptying_waves(waves: Sequence[Sequence[str]], hosts: Sequence[str]) -> list[int]:
+    """The waves that take every host of the pool at once (a rollout drains each host of a wave out of
+    the gateway for its deploy): an outage for the clients. A 1-host fleet's canary is one."""
+    everyone = set(hosts)
+    return [i for i, w in enumerate(waves) if everyone and set(w) >= everyone]
+
+
 def remaining(waves: Sequence[Sequence[str]], done: set[str]) -> list[tuple[int, list[str]]]:
     """(wave number, hosts still to deploy) for every wave that has any: where a re-run resumes."""
     out = []

@@ -50,6 +50,9 @@ class Converger:
     pace: Pace = field(default_factory=Pace)
     pull_timeout_s: float = 1800.0
     link: GatewayLink | None = None  # the gateway in front of the host: drained before a stop, joined once serving
+    # False: what stops is still drained first, but the restored release is not joined here (a deploy's
+    # recovery: its own gateway step brings the gateway up and the serving release in, after it)
+    join: bool = True
     _down_since: float | None = None
 
     # Outages are timed on the poller's clock (monotonic; a fake one in tests), the clock
@@ -151,7 +154,7 @@ def to_current(remote: Remote, paths: HostPaths, state: HostState, conv: Converg
     if cur is not None and link is not None:
         t0 = time.monotonic()
         try:  # serving again: back into the gateway (a no-op when it never left)
-            said, lost = [link.join(cur.port)], None
+            said, lost = [link.join(cur.port) if conv.join else ""], None
         except InfraError as err:  # the gateway gone (its unit stopped, say): not back in it
             said, lost = [], err
         # the candidate (or the release a rollback replaces) goes whatever the gateway says: a gateway that
@@ -197,11 +200,11 @@ def commit(remote: Remote, paths: HostPaths, state: HostState, staged_unit: str,
                  (staged_state, paths.state_file), spare, (paths.unit_path(spare), *secrets.transaction_files(paths)))
 
 
-def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S) -> str:
+def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S, run: str = "") -> str:
     """Before a rollout touches the host: what an interrupted run left there (its stale lock, its
     pending marker and the candidate it was running, a switch unit, the main unit's override) is
     put back to the committed state, as a single deploy does first. Returns what was done."""
-    with HostLock(remote, paths, me("converge before a rollout"), lock_ttl_s) as lock:
+    with HostLock(remote, paths, me("converge before a rollout", run=run), lock_ttl_s) as lock:
         state = read_state(remote, paths)
         done = [f"broke a stale lock ({lock.broke.what})"] if lock.broke else []
         if state.pending is not None:
@@ -214,10 +217,11 @@ def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float 
     return "; ".join(done) or "nothing to converge"
 
 
-def rollback(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S) -> HostState:
+def rollback(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S,
+             run: str = "") -> HostState:
     """Make the previous release current again, verified serving."""
     rep = conv.report
-    with HostLock(remote, paths, me("rollback"), lock_ttl_s):
+    with HostLock(remote, paths, me("rollback", run=run), lock_ttl_s):
         state = read_state(remote, paths)
         if state.pending is not None:
             state = to_current(remote, paths, state, conv)

@@ -47,6 +47,12 @@ _KINDS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         "the server rejected its command line: fix server.flags in the stack spec",
     ),
     (
+        "port-in-use",
+        (r"Address already in use", r"\[Errno 98\]", r"error while attempting to bind on address"),
+        "another process holds the server's port: give runtime.port and runtime.staging_port values "
+        "nothing else on the host binds (see `ss -ltnp` there)",
+    ),
+    (
         "missing-model-path",
         (
             r"is not a local folder and is not a valid model identifier",

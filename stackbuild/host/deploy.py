@@ -25,6 +25,7 @@ from stackbuild.host.deploy_steps import (
     dry_plan,
     hold_bound_s,
     move_channel,
+    not_the_candidate,
     place,
     readiness,
     stage_secrets,
@@ -62,7 +63,7 @@ def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
         strategy=req.strategy,
         live=svc.progress,
     )
-    lock = HostLock(remote, paths, me(f"deploy {stack.label}", hold_bound_s(req)), req.lock_ttl_s)
+    lock = HostLock(remote, paths, me(f"deploy {stack.label}", hold_bound_s(req), req.run), req.lock_ttl_s)
     try:
         with rep.step("lock") as st:
             lock.__enter__()
@@ -97,8 +98,9 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
     if state.pending is not None:
         with rep.step("recover") as st:
             st.detail = f"an interrupted {state.pending.op} of {state.pending.image} was pending"
-            # the gateway is brought up to date below: this only puts the host back
-            state = converge.to_current(remote, paths, state, _conv(req, svc, rep, gateway=False))
+            # what an interrupted run may have left in the pool (a candidate that was taking over) is
+            # drained before it stops; the gateway step below brings the serving release in
+            state = converge.to_current(remote, paths, state, _conv(req, svc, rep, join=False))
     incumbent_active = state.current is not None and units.is_active(remote, paths.unit_of(state.slot))
     p = place(stack, state, req.strategy)
     unit = paths.unit_of(p.slot)
@@ -182,6 +184,8 @@ def _run_candidate(
     unit = paths.unit_of(p.slot)
     with rep.step("start") as st:
         since = units.remote_now(remote)
+        if p.beside and gw is not None:  # a stale entry for its port (a killed run's) never routes to it
+            st.detail = _not_pooled(gw, p.port)
         if not p.beside and incumbent_active:
             if gw is not None:  # in-flight requests end on the incumbent; the gateway sends no new ones
                 st.detail = gw.leave_or_back(p.serving_port) + "; "
@@ -200,6 +204,7 @@ def _run_candidate(
         what = {
             "crashed": "candidate crashed on start",
             "generate": "candidate was ready but failed its first generation",
+            "identity": "candidate is not what answers on its port",
         }.get(ready.stage, "candidate never became ready")
         cause = f"{what}: {ready.detail}" + (f" [{sig.kind}: {sig.hint}]" if sig else "")
         _roll_back(remote, paths, state, conv, rep, cause, verdict="not-ready")
@@ -207,6 +212,9 @@ def _run_candidate(
     if not p.beside:
         conv.outage_end()
 
+    if (other := not_the_candidate(remote, svc, unit, p.port, ready)) is not None:
+        _roll_back(remote, paths, state, conv, rep, f"candidate lost before its gate: {other}", verdict="not-ready")
+        return
     with rep.step("gate") as st, svc.endpoint(p.port) as url:
         result = svc.gate(url, req.profile, stack.label, baseline)
         if rep.host_facts:
@@ -214,6 +222,15 @@ def _run_candidate(
         rep.verdict = verdict_of(result, first=baseline is None)
         rep.gate_json = result.model_dump_json()
         st.detail = f"{rep.verdict}" + (f": {'; '.join(result.reasons)[:300]}" if result.reasons else "")
+        if (other := not_the_candidate(remote, svc, unit, p.port, ready)) is not None:
+            st.detail = f"not the candidate's result: {other}"
+            rep.verdict = "error"
+            rep.steps[-1].ok = False
+    if other is not None:  # no verdict on the candidate: an infrastructure failure, not a rejection
+        cause = f"the gate did not measure the candidate: {other}"
+        _roll_back(remote, paths, state, conv, rep, cause, verdict="error")
+        rep.finish("rolled-back", cause, EXIT_INFRA)
+        return
     if rep.verdict != "pass":
         reasons = "; ".join([*result.reasons, *result.bars])[:500] or "no reason given"
         _roll_back(remote, paths, state, conv, rep, f"gate {rep.verdict}: {reasons}", verdict=rep.verdict)
@@ -285,6 +302,14 @@ def _run_candidate(
     rep.finish("promoted")
 
 
+def _not_pooled(gw: GatewayLink, port: int) -> str:
+    """The candidate's port out of the gateway and its pool file before the candidate starts there: an
+    earlier run killed while its candidate took over left that URL in, and the gateway would route
+    users to the new, ungated process as soon as it answers. A no-op when it is not there."""
+    d = gw.leave(port)
+    return "" if d.detail.startswith("not in the gateway") else f"stale {d.url} out of the gateway ({d.detail}); "
+
+
 def _rejoin(gw: GatewayLink, port: int, rep: DeployReport) -> str | None:
     """The promoted server back into the gateway; None when in, else what to do."""
     try:
@@ -323,17 +348,17 @@ def _roll_back(
     rep.finish("rolled-back", cause)
 
 
-def _conv(req: DeployRequest, svc: Services, rep: DeployReport, *, gateway: bool = True) -> converge.Converger:
+def _conv(req: DeployRequest, svc: Services, rep: DeployReport, *, join: bool = True) -> converge.Converger:
     conv = converge.converger_for(req.stack, svc.endpoint, rep, req.pull_timeout_s, http_probe=svc.http_probe,
                                   pace=svc.pace)
-    conv.link = svc.gateway if gateway else None
+    conv.link, conv.join = svc.gateway, join
     return conv
 
 
 def recover(remote: Remote, req: DeployRequest, svc: Services, rep: DeployReport) -> None:
     """After a lost connection: put the host back to its committed state and free the lock."""
     paths = HostPaths(req.stack.host.state_dir, req.stack.host.service)
-    with HostLock(remote, paths, me(f"recover {req.stack.label}"), req.lock_ttl_s):
+    with HostLock(remote, paths, me(f"recover {req.stack.label}", run=req.run), req.lock_ttl_s):
         state = read_state(remote, paths)
         if state.pending is None:
             rep.note("recover", True, "nothing pending")

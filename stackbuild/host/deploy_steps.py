@@ -3,7 +3,7 @@ its secrets, the registry channel, readiness, the dry run's plan, and how long t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stackbuild.effects.readiness import Readiness, wait_ready
 from stackbuild.errors import StackbuildError
@@ -109,17 +109,38 @@ def stage_secrets(remote: Remote, req: DeployRequest, paths: HostPaths, rep: Dep
 
 
 def readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport) -> Readiness:
+    """The candidate's unit serves, and what serves on its port is that unit's own process: one that
+    died on the way (say, on a port something else holds) is a start failure whatever answers there."""
     with rep.step("ready") as st, svc.endpoint(port) as url:
+        probe = UnitProbe(remote, unit, port, svc.http_probe(url))
         ready = wait_ready(
-            UnitProbe(remote, unit, port, svc.http_probe(url)),
+            probe,
             start_deadline_s=stack.runtime.start_timeout_s,
             ready_deadline_s=stack.runtime.ready_timeout_s,
             pace=svc.pace,
         )
+        if ready.ok:
+            why = probe.confirm()
+            ready = (Readiness(False, why[0], why[1], ready.seconds, ready.layers) if why is not None
+                     else replace(ready, identity=probe.invocation))
         st.detail = f"{ready.stage}: {ready.detail}"
     if not ready.ok:
         rep.steps[-1].ok = False
     return ready
+
+
+def not_the_candidate(remote: Remote, svc: Services, unit: str, port: int, ready: Readiness) -> str | None:
+    """Before and after the gate: None while the process readiness confirmed (`ready.identity`) still
+    answers on its port, else why not (a result measured on anything else is not the candidate's)."""
+    with svc.endpoint(port) as url:
+        probe = UnitProbe(remote, unit, port, svc.http_probe(url))
+        why = probe.confirm()
+    if why is not None:
+        return why[1]
+    if probe.invocation != ready.identity:
+        return (f"{unit} was started again (its process is not the one that passed readiness: "
+                f"{ready.identity} then, {probe.invocation} now)")
+    return None
 
 
 def dry_plan(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths, p: Placement, staged: str,

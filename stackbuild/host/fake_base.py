@@ -8,6 +8,8 @@ passing silently.
 
 from __future__ import annotations
 
+import json
+import os
 import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +28,10 @@ from stackbuild.host.ssh import (
 
 class UnknownCommand(AssertionError):
     """The fake was sent a command it does not model: extend the fake, do not skip it."""
+
+
+# Above Linux's largest pid_max (2**22): no process has it, so a lock naming it is a dead owner's.
+DEAD_PID = 2**22 + 1
 
 
 class Killed(BaseException):
@@ -139,9 +145,24 @@ class FakeRemote:
 
     def _die_if_due(self, args: list[str], when: Callable[[str, list[str]], bool] | None) -> None:
         if self.client.dead:
+            self._orphan_locks()
             raise Killed(f"{self.address}: the client is dead")
         if when is not None and when(self.address, args):
+            self._orphan_locks()
             raise self.client.kill(f"{self.address}: killed at {args}")
+
+    def _orphan_locks(self) -> None:
+        """The killed client's process is gone: the host locks it held name a pid no process has.
+        (The tests' client is this very process, whose pid stays alive; a lock is its run's, not its
+        pid's, so without this a re-run would wait for a "live" killer.)"""
+        for path, text in list(self.files.items()):
+            if path.endswith("/lock/owner.json") and text:
+                try:
+                    d = json.loads(text)
+                except ValueError:
+                    continue
+                if isinstance(d, dict) and d.get("pid") == os.getpid():
+                    self.files[path] = json.dumps({**d, "pid": DEAD_PID}, sort_keys=True)
 
     def close(self) -> None:
         self.closed = True

@@ -44,6 +44,7 @@ class Proc:
     behaviour: Behaviour
     generations: int = 0
     logs: list[tuple[float, str]] = field(default_factory=list)
+    weight_version: str = "default"  # --weight-version on its command line (the unit's identity)
 
     def listening(self, now: float) -> bool:
         after = self.behaviour.listens_after_s
@@ -86,6 +87,10 @@ class FakeHttp:
         proc = self._proc()
         code = None if proc is None else 200 if proc.behaviour.healthy else 503
         return code == 200, f"/health answered {code if code is not None else 'nothing'}"
+
+    def identity(self) -> str | None:
+        proc = self._proc()
+        return None if proc is None else proc.weight_version
 
     def generate(self) -> tuple[bool, str]:
         proc = self._proc()

@@ -39,6 +39,7 @@ SHOW: dict[str, Callable[[FakeSystemd, str], str]] = {
     "NRestarts": lambda h, u: str(h.units.get(u, SysUnit()).restarts),
     "Result": lambda h, u: h.units.get(u, SysUnit()).result,
     "ExecMainStatus": lambda h, u: h.units.get(u, SysUnit()).exit_status,
+    "InvocationID": lambda h, u: h.units.get(u, SysUnit()).invocation,
     "UnitFileState": lambda h, u: h.unit_file_state(u),
     "FragmentPath": lambda h, u: h.fragments.get(u, ""),
 }
@@ -53,6 +54,7 @@ class SysUnit:
     result: str = "success"
     exit_status: str = "0"
     restarts: int = 0
+    invocation: str = ""  # this start's id: systemd expands ${INVOCATION_ID} in ExecStart to it
 
 
 def exec_start(text: str) -> list[str]:
@@ -95,6 +97,7 @@ class FakeSystemd(FakeRemote):
     running: dict[str, Proc] = field(default_factory=dict)  # unit -> its server process
     journal: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     strangers: set[int] = field(default_factory=set)  # ports other processes listen on
+    invocations: int = 0  # unit starts so far: each gets its own InvocationID
 
     def __post_init__(self) -> None:
         self._mkdirs(self.unit_dir)
@@ -194,7 +197,9 @@ class FakeSystemd(FakeRemote):
         if unit in self.running:
             return self._ok(cmd)  # already running: start is a no-op
         text = self.loaded[unit]
-        argv = exec_start(text)
+        self.invocations += 1
+        invocation = f"{self.boots:08x}{self.invocations:024x}"
+        argv = [a.replace("${INVOCATION_ID}", invocation) for a in exec_start(text)]
         if argv[0] == "/bin/sh" and len(argv) > 1:
             return self._oneshot(unit, argv[1], argv[2:], cmd)
         if argv[:3] != ["/usr/bin/docker", "run", "--rm"]:
@@ -202,7 +207,7 @@ class FakeSystemd(FakeRemote):
         name = argv[argv.index("--name") + 1]
         image = argv[argv.index(f"dev.stackbuild.unit={name}") + 1]
         port = int(argv[argv.index("--port") + 1])
-        self.units[unit] = SysUnit("active", "running")
+        self.units[unit] = SysUnit("active", "running", invocation=invocation)
         if not any(p.container == name for p in self.running.values()):
             self.log(unit, f"Error: No such container: {name}")  # ExecStartPre=-docker rm --force
         self.log(unit, f"Started {unit_setting(text, 'Description')}.")
@@ -216,10 +221,15 @@ class FakeSystemd(FakeRemote):
         env_path = (unit_setting(text, "EnvironmentFile") or "").lstrip("-")
         given = env_values(self.files.get(env_path, ""))
         wanted = [argv[i + 1] for i, a in enumerate(argv) if a == "--env" and "=" not in argv[i + 1]]
-        proc = Proc(image, name, port, {n: given[n] for n in wanted if n in given}, self.now, self.servers[image])
+        behaviour = self.servers[image]
         if port in self.listening() or any(p.port == port for p in self.running.values()):
-            self._exited(unit, ["OSError: [Errno 98] Address already in use"], 1)
-            return self._ok(cmd)
+            # it loads, then dies where it binds the port, as a server does: until then, whatever
+            # holds the port answers for it
+            behaviour = Behaviour(listens_after_s=None, crash_after_s=behaviour.listens_after_s or 0.0,
+                                  crash_log=("OSError: [Errno 98] Address already in use",), output=behaviour.output)
+        ident = argv[argv.index("--weight-version") + 1] if "--weight-version" in argv else "default"
+        proc = Proc(image, name, port, {n: given[n] for n in wanted if n in given}, self.now, behaviour,
+                    weight_version=ident)
         self.running[unit] = proc
         proc.logs += [(self.now, ln) for ln in proc.behaviour.output]
         self.log(unit, *proc.behaviour.output)

@@ -28,7 +28,7 @@ from stackbuild.host.outcome import DeployReport
 from stackbuild.host.reach import Endpoint, Reach, gateway_link, gateway_target
 from stackbuild.host.request import DeployRequest, Services
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions, parse_host
-from stackbuild.host.state import HostPaths, only_service
+from stackbuild.host.state import HostPaths, new_run, only_service
 from stackbuild.image import registry
 from stackbuild.image.build import BuildResult, build_stack
 from stackbuild.image.context import rendered_for_image
@@ -69,6 +69,8 @@ class RunOptions:
     drained: bool = False  # a rollout drained the host out of the gateway (and brought the gateway up) first
     prune_workers: bool = False  # workers in the gateway that stackbuild did not put there are removed
     progress: bool = False  # a live view on the terminal (results/display.py); else plain lines
+    # who owns the host locks it takes: "" a deploy of its own (host/state.py new_run), else ROLLOUT/HOST
+    lock_run: str = ""
 
     @property
     def recorder_path(self) -> Path:
@@ -250,6 +252,7 @@ def _deploy_on(args: DeployArgs, address: HostAddress, profile: GateProfile, fee
         strategy=args.strategy,
         profile=profile,
         secrets=args.secrets,
+        run=args.lock_run or new_run(),
     )
     at = args.gateway_host or gateway_target(args.stack, {h.name: h.target for h in args.stack.host.hosts},
                                              args.host_text)

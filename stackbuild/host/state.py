@@ -6,10 +6,13 @@ rollback is under way. It is only ever replaced whole (temp file + rename), so
 a crash leaves the old state or the new one. The marker is what makes a re-run
 converge: whoever takes the lock next first puts the host back to `current`.
 
-The lock is a directory (mkdir is atomic) holding owner.json. A lock whose
-owner process is gone (same machine, dead pid) or that is older than its TTL
-is stale and may be broken, by renaming it away only if it still holds the
-owner we judged stale.
+The lock is a directory (mkdir is atomic) holding owner.json. Its owner is a run
+(one deploy, or one host of one rollout: `LockOwner.run`), not a process: the
+threads of a rollout share a pid and never break each other's locks. A lock
+whose owner process is gone (same machine, dead pid), that its own run left
+behind (a connection lost mid-deploy, taken back by that run's recovery), or
+that is older than its TTL is stale and may be broken, by renaming it away only
+if it still holds the owner we judged stale.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -253,11 +257,16 @@ class LockOwner:
     # epoch seconds by which the holder is done, every step bounded by its timeouts; a
     # lock past it is stale whatever TTL the reader assumes (None: an older writer)
     until: float | None = None
+    # the run that holds it: a deploy's own id, or `ROLLOUT/HOST` for one host of a rollout ("": an
+    # older writer). Only the same run may take its lock back while its process lives.
+    run: str = ""
 
     def to_json(self) -> str:
         d: dict[str, object] = {"host": self.host, "pid": self.pid, "started": self.started, "what": self.what}
         if self.until is not None:
             d["until"] = self.until
+        if self.run:
+            d["run"] = self.run
         return json.dumps(d, sort_keys=True)
 
     @staticmethod
@@ -265,13 +274,15 @@ class LockOwner:
         try:
             d = json.loads(text)
             until = float(d["until"]) if d.get("until") is not None else None
-            return LockOwner(str(d["host"]), int(d["pid"]), float(d["started"]), str(d["what"]), until)
+            return LockOwner(str(d["host"]), int(d["pid"]), float(d["started"]), str(d["what"]), until,
+                             str(d.get("run") or ""))
         except (ValueError, KeyError, TypeError):
             return None
 
     def describe(self, now: float) -> str:
         return (
-            f"{self.what} by pid {self.pid} on {self.host}, started {now - self.started:.0f}s ago"
+            f"{self.what}{f' ({self.run})' if self.run else ''} by pid {self.pid} on {self.host}, "
+            f"started {now - self.started:.0f}s ago"
         )
 
 
@@ -292,10 +303,15 @@ def lock_holder(owner_json: str | None, now: float) -> str | None:
     return f"an owner it cannot read ({owner_json[:80]})" if owner_json else "an owner that wrote no name yet"
 
 
-def me(what: str, hold_s: float | None = None) -> LockOwner:
+def me(what: str, hold_s: float | None = None, run: str = "") -> LockOwner:
     now = round(time.time(), 3)
     until = None if hold_s is None else round(now + hold_s, 3)
-    return LockOwner(socket.gethostname(), os.getpid(), now, what, until)
+    return LockOwner(socket.gethostname(), os.getpid(), now, what, until, run)
+
+
+def new_run() -> str:
+    """A deploy's own run id (lock ownership): unique per invocation, shared by its recovery."""
+    return f"d{secrets.token_hex(6)}"
 
 
 def pid_alive(pid: int) -> bool:
@@ -315,16 +331,18 @@ def is_stale(
     ttl_s: float,
     local_host: str,
     alive: Callable[[int], bool] = pid_alive,
-    own_pid: int | None = None,
+    own_run: str = "",
 ) -> bool:
     """A lock is stale when its owner is provably gone, or it outlived any deploy.
 
-    `own_pid`: a lock this very process took over a connection that has since
-    died is ours to take back (the recovery after a lost connection).
+    `own_run`: a lock this very run took over a connection that has since died is
+    ours to take back (the recovery after a lost connection). Another run of this
+    same process (a rollout's other thread) holds its lock while it lives: a pid
+    alone never makes a lock ours.
     """
     if owner is None:
         return False  # being written right now, or unreadable: never guess
-    if owner.host == local_host and (owner.pid == own_pid or not alive(owner.pid)):
+    if owner.host == local_host and ((own_run and owner.run == own_run) or not alive(owner.pid)):
         return True
     if owner.until is not None:
         return now > owner.until
@@ -369,7 +387,7 @@ class HostLock:
                 self.broke = holder
                 continue
             if not is_stale(holder, now=now, ttl_s=self.ttl_s, local_host=socket.gethostname(),
-                            own_pid=os.getpid()):
+                            own_run=self.owner.run):
                 who = holder.describe(now) if holder else "an owner still writing its name"
                 raise LockHeld(
                     f"{self.remote.address}: another deploy holds the host lock ({who}); "

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from stackbuild.effects.readiness import Probe
 from stackbuild.host.preflight import TCP_SCRIPT, parse_listening_ports
 from stackbuild.host.ssh import Remote, sh_argv
+from stackbuild.render.stack import identity_of
 
 # Whether the process runs or died, and how (UnitState); whether it starts on boot, and from which file (BootFacts).
-STATE_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "Result", "ExecMainStatus")
+STATE_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "Result", "ExecMainStatus", "InvocationID")
 BOOT_PROPERTIES = ("ActiveState", "UnitFileState", "FragmentPath")
 
 
@@ -34,6 +35,7 @@ class UnitState:
     restarts: int
     result: str
     exit_status: str
+    invocation: str = ""  # systemd's id of this start of the unit ("" when it never started)
 
     @property
     def crashed(self) -> bool:
@@ -65,6 +67,7 @@ def parse_show(text: str) -> UnitState:
         restarts=int(restarts) if restarts.isdigit() else 0,
         result=kv.get("Result", ""),
         exit_status=kv.get("ExecMainStatus", ""),
+        invocation=kv.get("InvocationID", ""),
     )
 
 
@@ -101,12 +104,38 @@ class UnitProbe:
     port: int
     http: Probe
     _tcp: str = ""
+    _invocation: str = ""
 
     def crashed(self) -> str | None:
         res = self.remote.run(sh_argv(POLL_SCRIPT, self.unit), check=False, what="poll the unit", changes=False)
         show, _, self._tcp = res.stdout.partition("---")
         st = parse_show(show)
+        self._invocation = st.invocation
         return st.describe() if st.crashed else None
+
+    def identity(self) -> str | None:
+        return self.http.identity()
+
+    @property
+    def invocation(self) -> str:
+        """systemd's id of the unit's current start, as of the last poll."""
+        return self._invocation
+
+    def confirm(self) -> tuple[str, str] | None:
+        """None when the server on the port is this unit's own process, still running; else (the
+        readiness stage it fails, "crashed" or "identity", and why).
+
+        Asked once the layers held, and around the gate: a unit whose process died (a candidate that
+        could not bind a port the incumbent holds) is a crash whatever answers there, and a server
+        whose identity is not this start's is another process (IDENTITY_ARG)."""
+        if (gone := self.crashed()) is not None:
+            return "crashed", f"{gone}; its process is gone, whatever answers on port {self.port}"
+        want = identity_of(self._invocation) if self._invocation else None
+        got = self.http.identity()
+        if want is None or got != want:
+            return "identity", (f"the server on port {self.port} is not {self.unit}'s process: it says "
+                                f"weight_version {got!r}, this start of the unit is {want!r}")
+        return None
 
     def port_open(self) -> tuple[bool, str]:
         if self.port in parse_listening_ports(self._tcp):

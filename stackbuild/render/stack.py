@@ -170,8 +170,25 @@ def image_ref(stack: Stack, content_hash: str, repo: str | None = None) -> str:
 # --- whole files ---------------------------------------------------------------------
 
 
+# Which process answers on a port (issue #29): systemd gives every start of a unit a new InvocationID
+# and expands ${INVOCATION_ID} in ExecStart (seen on the test hosts' systemd 252: `systemctl show -p
+# InvocationID` names the id the process got); sglang 0.5.23 takes it as --weight-version, a label it
+# returns from /get_model_info, /server_info and in every answer's meta_info (http_server.py
+# get_model_info; server_args.weight_version). A deploy reads both and measures, pools and promotes a
+# server only when they agree. Written raw after the quoted argv: `$` there would be doubled.
+IDENTITY_FLAG = "--weight-version"
+IDENTITY_PREFIX = "sb-"
+IDENTITY_ARG = f"{IDENTITY_FLAG} {IDENTITY_PREFIX}${{INVOCATION_ID}}"
+
+
+def identity_of(invocation_id: str) -> str:
+    """The weight_version a server started by the unit invocation `invocation_id` reports."""
+    return f"{IDENTITY_PREFIX}{invocation_id}"
+
+
 def render_unit(stack: Stack, *, image: str, port: int, name: str, env_file: str | None = None) -> str:
-    """`env_file`: the secrets file it reads; a side-by-side candidate gets its own copy."""
+    """`env_file`: the secrets file it reads; a side-by-side candidate gets its own copy. The server's
+    last argument is its identity (IDENTITY_ARG)."""
     return (
         make_env()
         .get_template("server.service.j2")
@@ -179,7 +196,7 @@ def render_unit(stack: Stack, *, image: str, port: int, name: str, env_file: str
             stack=stack,
             name=name,
             env_file=env_file or f"{ENV_DIR}/{stack.host.service}.env",
-            exec_start=exec_line(docker_run_argv(stack, image=image, port=port, name=name)),
+            exec_start=f"{exec_line(docker_run_argv(stack, image=image, port=port, name=name))} {IDENTITY_ARG}",
             exec_pre=exec_line([DOCKER, "rm", "--force", name]),
             exec_stop=exec_line([DOCKER, "stop", "--time", "30", name]),
         )

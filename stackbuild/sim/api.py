@@ -61,6 +61,10 @@ class GenParams:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     index: int = 0  # the prompt's place in a batch
+    # server_args.weight_version (--weight-version, default "default"): every answer's meta_info and
+    # metadata carry it, as /get_model_info and /server_info do; stackbuild's units set it to the
+    # unit's systemd InvocationID, so a deploy can tell its candidate's process from any other
+    weight_version: str = "default"
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ def _float(v: Any, name: str, default: float) -> float:
 
 
 def parse(route: Route, body: Any, rid: str, served_model: str, *,
-          default_system: bool = False) -> Parsed:
+          default_system: bool = False, weight_version: str = "default") -> Parsed:
     """One GenParams per prompt; `default_system`: the chat template's fault (sim.faults)."""
     if not isinstance(body, dict):
         raise _validation("body", "Input should be a valid dictionary or object", body)
@@ -237,7 +241,7 @@ def parse(route: Route, body: Any, rid: str, served_model: str, *,
         temperature=temp, ignore_eos=ignore_eos, stream=bool(body.get("stream", False)),
         include_usage=include_usage, model=str(body.get("model") or served_model),
         return_logprob=return_logprob, logprob_start_len=-1 if start is None else start,
-        top_logprobs_num=top_k or 0)
+        top_logprobs_num=top_k or 0, weight_version=weight_version)
     items = []
     for i, pr in enumerate(prompts):
         text, ids = (pr, None) if isinstance(pr, str) else (None, list(pr))

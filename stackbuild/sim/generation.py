@@ -76,6 +76,7 @@ class Serving:
     engine: Engine
     hist: Metrics
     generations: int = 0
+    weight_version: str = "default"  # --weight-version: what every answer's meta_info says
 
 
 class Generation:
@@ -97,7 +98,7 @@ class Generation:
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise api.BadRequest("JSON decode error", "validation") from None
             parsed = api.parse(route, body, uuid.uuid4().hex, s.model_name,
-                               default_system=s.fault.default_system)
+                               default_system=s.fault.default_system, weight_version=s.weight_version)
             for p in parsed.items:
                 api.check_context(p, s.context_length, s.reserved_tokens)
         except api.BadRequest as err:

@@ -23,6 +23,7 @@ from stackbuild.sim.calibration import PROFILES, SimProfile
 from stackbuild.sim.faults import Fault
 from stackbuild.sim.generation import Generation, Serving
 from stackbuild.sim.scheduler import Engine, SimRequest
+from stackbuild.sim.shapes import WEIGHT_VERSION
 
 SGLANG_VERSION = "0.5.23"
 HEALTH_CHECK_TIMEOUT_S = 20  # sglang's SGLANG_HEALTH_CHECK_TIMEOUT default
@@ -49,6 +50,8 @@ class SimOptions:
     enable_metrics: bool = False
     # sglang's --context-length (the model's own when not given)
     context_length: int = CONTEXT_LEN
+    # sglang's --weight-version: a label every answer, /get_model_info and /server_info carry
+    weight_version: str = WEIGHT_VERSION
 
     @property
     def model_name(self) -> str:
@@ -64,7 +67,8 @@ class SimServer:
         self.up = False
         self.started_at = time.time()
         self.gen = Generation(Serving(opts.fault, opts.model_name, opts.context_length,
-                                      self.reserved_tokens, self.profile, self.engine, self.hist))
+                                      self.reserved_tokens, self.profile, self.engine, self.hist,
+                                      weight_version=opts.weight_version))
 
     @property
     def reserved_tokens(self) -> int:
@@ -85,6 +89,7 @@ class SimServer:
         r.add_get("/get_server_info", self.server_info)
         r.add_get("/model_info", self.model_info)
         r.add_get("/get_model_info", self.model_info)
+        r.add_get("/get_weight_version", self.weight_version)
         r.add_get("/v1/models", self.models)
         r.add_get("/v1/models/{model:.+}", self.model)
         if self.opts.enable_metrics:
@@ -135,6 +140,7 @@ class SimServer:
             "enable_metrics": o.enable_metrics,
             "context_length": o.context_length,
             "launch_command": self._launch_command(),
+            "weight_version": o.weight_version,
             "speculative_algorithm": "EAGLE3" if p.speculative else None,
         }
         if p.speculative:
@@ -155,6 +161,8 @@ class SimServer:
             argv.append("--enable-metrics")
         if o.context_length != CONTEXT_LEN:
             argv += ["--context-length", str(o.context_length)]
+        if o.weight_version != WEIGHT_VERSION:
+            argv += ["--weight-version", o.weight_version]
         return " ".join(argv)
 
     async def server_info(self, request: web.Request) -> web.Response:
@@ -187,8 +195,11 @@ class SimServer:
             "tokenizer_path": self.opts.model_path,
             "is_generation": True,
             "preferred_sampling_params": None,
-            "weight_version": "default",
+            "weight_version": self.opts.weight_version,
         })
+
+    async def weight_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.opts.weight_version})
 
     def _card(self) -> dict[str, Any]:
         # protocol.py ModelCard; http_server.py sets root to the served name

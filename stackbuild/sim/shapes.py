@@ -49,7 +49,7 @@ def meta_info(p: GenParams, completion: int, fr: dict[str, Any] | None, started:
         "id": p.rid,
         "finish_reason": fr,
         "prompt_tokens": p.prompt_tokens,
-        "weight_version": WEIGHT_VERSION,
+        "weight_version": p.weight_version,
         "num_retractions": 0,
         "reasoning_tokens": 0,
         "completion_tokens": completion,
@@ -163,4 +163,4 @@ def full(p: GenParams, created: int, answers: list[tuple[str, dict[str, Any] | N
                             "finish_reason": reason, "matched_stop": _matched(fr)})
     obj = "chat.completion" if p.route == "chat" else "text_completion"
     return {**_envelope(p, obj, created, choices), "usage": usage(p, prompt_tokens, completion),
-            "metadata": {"weight_version": WEIGHT_VERSION}}
+            "metadata": {"weight_version": p.weight_version}}

@@ -23,6 +23,9 @@ RESERVED_FLAGS = {
     "--model-path": "server.model_path",
     "--model": "server.model_path",
     "--served-model-name": "server.served_model_name",
+    # the unit's identity, systemd's InvocationID (render/stack.py IDENTITY_ARG): how a deploy knows
+    # its candidate's process from whatever else answers on the port
+    "--weight-version": "the unit's start (its systemd InvocationID)",
 }
 
 
@@ -36,6 +39,7 @@ def _finding(pos: Pos, severity: str, message: str, rule: str) -> Finding:
 SIM_FLAGS = frozenset({
     "--context-length", "--enable-metrics", "--fault", "--host", "--load-s", "--max-running-requests",
     "--model-path", "--port", "--profile", "--seed", "--served-model-name", "--speed", "--warmup-s",
+    "--weight-version",
 })
 
 
@@ -49,7 +53,8 @@ def check_flags(stack: Stack, *, offline: bool) -> list[Finding]:
                 _finding(
                     pos,
                     "error",
-                    f"server.flags: '{flag}' is set by stackbuild from {where}; set that instead",
+                    f"server.flags: '{flag}' is set by stackbuild from {where}; "
+                    + ("set that instead" if where.startswith(("runtime.", "server.")) else "remove it"),
                     "reserved-flag",
                 )
             )

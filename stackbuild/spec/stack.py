@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
 from stackbuild.spec.components import Components
 from stackbuild.spec.fleet import Fleet, FleetHost
@@ -85,6 +85,16 @@ class Runtime(_Model):
     start_timeout_s: int = Field(1800, ge=1)
     ready_timeout_s: int = Field(1800, ge=1)
     restart: Literal["no", "on-failure", "always"] = "on-failure"
+
+    @field_validator("staging_port")
+    @classmethod
+    def _own_staging_port(cls, v: int, info: ValidationInfo) -> int:
+        # a candidate on the incumbent's port dies with "address already in use" while every probe
+        # reaches the incumbent (spec/addresses.py)
+        if v == info.data.get("port", 30000):
+            raise ValueError(f"staging_port {v} is runtime.port too; the candidate must bind a port the "
+                             "incumbent does not hold: give it another staging_port")
+        return v
 
     @property
     def gpu_count(self) -> int | None:
