@@ -59,7 +59,7 @@ def test_the_loop_stops_when_it_can_decide_and_never_past_max_runs() -> None:
         taken.append(i)
         return run_metrics(8, i, 80.0 * (1 + 0.001 * (i % 3))), run_metrics(8, i, 100.0)
 
-    lv = drive(run_level(8, take, prof, design, None))
+    lv = drive(run_level(8, take, prof, design, None, live=True))
     assert lv.verdict == "fail" and 3 <= len(taken) < 15 and taken == list(range(len(taken)))
 
     async def same(i: int) -> tuple[RunMetrics, RunMetrics | None]:
@@ -67,7 +67,7 @@ def test_the_loop_stops_when_it_can_decide_and_never_past_max_runs() -> None:
         return run_metrics(8, i, 100.0 + (i % 3)), run_metrics(8, i, 100.0 + ((i + 1) % 3))
 
     taken.clear()
-    lv = drive(run_level(8, same, prof.with_overrides(margin=0.0), design, None))
+    lv = drive(run_level(8, same, prof.with_overrides(margin=0.0), design, None, live=True))
     assert lv.verdict == "inconclusive" and len(taken) == 15  # no margin: an equal build cannot pass
     assert "cannot tell after 15 runs" in lv.reasons[0]
 
