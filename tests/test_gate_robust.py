@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,9 @@ from stackbuild.cli.main import main
 from stackbuild.gate import checks
 from stackbuild.gate.capacity import binom_cdf, quantile_interval
 from stackbuild.gate.decide import design_for, judge_level, level_summary
+from stackbuild.gate.formats import write_json
 from stackbuild.gate.plan import LevelNoise, NoiseSeen, plan_text
+from stackbuild.gate.result import GateResult
 from stackbuild.gate.sequential import Design, look, robust, trim_count
 from stackbuild.gate.simulate import run_metrics
 from stackbuild.sim.calibration import PROFILES
@@ -144,3 +147,26 @@ def test_the_plan_says_undecidable_against_a_stored_baseline_of_another_session(
 
 def _levels(profile: GateProfile) -> dict[int, LevelNoise]:
     return {c: LevelNoise(sigma=0.02, runs=0, run_s=None) for c in profile.concurrency}
+
+
+def test_gate_refuses_an_undecidable_stored_baseline_before_measuring(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No server listens at the URL: the refusal comes before anything is reached (exit 2,
+    not 4), naming what would make the configuration decidable."""
+    wl = BUILTIN_PROFILES["quick"].workload()
+    runs = [run_metrics(c, i, 100.0) for c in wl.concurrency for i in range(15)]
+    levels = tuple(level_summary(c, [r for r in runs if r.concurrency == c]).model_copy(
+        update={"verdict": "reference"}) for c in wl.concurrency)
+    old = GateResult(name="incumbent", url="http://127.0.0.1:1", started_at="2025-01-01T00:00:00+00:00",
+                     finished_at="2025-01-01T00:10:00+00:00", workload=wl,
+                     fingerprint=wl.fingerprint(), levels=levels, verdict="reference")
+    write_json(old, tmp_path / "old.json")
+    rc = main(["gate", "--url", "http://127.0.0.1:9", "--baseline", str(tmp_path / "old.json"),
+               "--tolerance", "0", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "cannot be decided against a stored baseline of another session" in err
+    assert "--baseline-url" in err and "fresh measurement" in err
+    # a wide enough bar decides; then the unreachable server is what stops it (exit 4)
+    assert main(["gate", "--url", "http://127.0.0.1:9", "--baseline", str(tmp_path / "old.json"),
+                 "--tolerance", "10", "--no-progress", "--ready-timeout", "0.5"]) == 4
