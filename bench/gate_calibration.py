@@ -3,40 +3,64 @@
 Imports and drives the real per-level judge (stackbuild.gate.decide.judge_level), the real
 sequential run loop (decide.run_level: the measurement is injected, here a noise model)
 and the real overall verdict (decide.overall), through stackbuild.gate.simulate.trial.
-For each noise model and each true ratio candidate/incumbent -- at the bar, bar -5%,
--2%, +2%, +5%, and equal (1.0) -- it reports P(pass), P(fail), P(inconclusive) and the
-mean and 95th percentile of the candidate's runs per level, over --trials trials a cell.
+For each cell (a noise model, a policy, a baseline) and each true ratio candidate/incumbent
+-- at the bar, bar -5%, -2%, +2%, +5%, and equal (1.0) -- it reports P(pass), P(fail),
+P(inconclusive) and the mean and 95th percentile of the candidate's runs per level, over
+--trials trials a cell. Every profile is left as a user leaves it: run_correlation
+undeclared (the default), session_drift the default 1%.
 
-Models (stackbuild/gate/simulate.py says where each figure comes from):
-  sim     the simulator's spread over HTTP, measured, its runs' autocorrelation included
-          (lag-1 0.4 at C=8); the Done-when gate of issue 19: builtin `quick`,
-          --concurrency 8,32 --tolerance 0 (must not lose: bar 1 - margin), live incumbent
-          in alternation (paired), two required levels (family-wise)
-  sim-ac  the same with the profile told the runs' autocorrelation (run_correlation 0.4)
-  users   the users' spread at C=1 (5.4% a run); their real path, swap: the incumbent's
-          10 runs stored from an earlier session (drift 1% between sessions, as the
-          profile assumes), the candidate looked at from run 5 to 15; must not lose
-  users3  the users' policy on their sweep: C=1 allowed -8%, C=30 and 250 must not lose,
-          noise 5.4%/sqrt(C) (an assumption: acceptance noise averages over C streams),
-          stored baseline of 10 runs; every level at its own bar (+ the offset)
-  drift   the simulator's spread at C=32 against a baseline stored in another session
-          that drifted by 1% (sd) and drifts within a session (0.3% a run)
+Cells (stackbuild/gate/simulate.py says where each figure comes from):
+  users    the users' C=1 spread, 5.4% a run, of which the prompts decide 5.2% (the same for
+           both sides on the same seeded prompts) and 1.5% is a side's own (assumed); their
+           real path, swap: the incumbent measured right before the swap (15 runs), the
+           candidate's run i paired with its run i, 3 runs' drift between; drifting 0.1% a
+           run; must not lose
+  users3   their policy on their sweep: C=1 allowed -8%, C=30 and 250 must not lose; prompts
+           5.2%/sqrt(C) (acceptance averages over C streams), residual 1.5% at every level;
+           the same swap
+  sim      the simulator's spread over HTTP, measured, its runs' autocorrelation included
+           (lag-1 0.4 at C=8, 0.04 at C=32); the Done-when gate of issue 19: builtin
+           `quick`, --concurrency 8,32 --tolerance 0, live incumbent in ABBA order
+  ar04     the same with every level's runs AR(1), lag-1 0.4
+  drift    the simulator's spread at C=32, the machine drifting 0.5% a run (a random walk),
+           swap against the incumbent measured right before
+  t3       the sim cell with each run's noise Student t on 3 degrees of freedom
+  outlier  the sim cell with one run of each trial, on either side, 30% low
+  session3 the users' swap whose stored result is of a session 3% away (the profile assumes
+           1%): the deploy measures the incumbent right before it stops it and compares with
+           that, so the stored result only shows the drift
 
-Last line (false_fail, false_pass: users at the bar; equal_pass: sim, equal builds;
-runs: users, all its cells):
-`gate_calibration: false_fail=... false_pass=... equal_pass=... runs_mean=... runs_p95=...`
+Then the capacity check: the real judge_step's p99 interval (TTFT, per request) over
+requests of a lognormal latency at `capacity_min_requests`, how often it covers the true p99.
+
+One line per cell, and last the capacity's:
+`gate_calibration: cell=NAME false_fail=F false_pass=P equal_pass=E runs_mean=R`
+`gate_calibration: capacity_coverage=C capacity_requests=N trials=T`
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import random
+import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
-from stackbuild.gate.simulate import SIM_NOISE, USERS_NOISE, Noise, Rates, p95, rates
+from stackbuild.gate.capacity import Q, judge_step
+from stackbuild.gate.loadgen import RequestRecord
+from stackbuild.gate.simulate import (
+    SIM_NOISE,
+    USERS_PROMPTED,
+    USERS_RESIDUAL,
+    Noise,
+    Rates,
+    rates,
+    run_metrics,
+)
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile, LevelPolicy
 
 OFFSETS: tuple[tuple[str, float | None], ...] = (
@@ -52,25 +76,57 @@ class Model:
     profile: GateProfile
     stored: bool
     stored_runs: int = 0
+    fresh: bool = False
 
 
 def models() -> list[Model]:
     quick = BUILTIN_PROFILES["quick"].with_overrides(concurrency=(8, 32), tolerance=0.0)
     users = BUILTIN_PROFILES["users"].with_overrides(tolerance=0.0)
     sweep = users.with_overrides(levels={1: LevelPolicy(tolerance=0.08)})
+    swap = users.baseline_runs()
+    prompted = USERS_PROMPTED.prompted(1)
+    users3 = Noise("users3", {c: USERS_RESIDUAL for c in (1, 30, 250)},
+                   prompt={c: prompted / c ** 0.5 for c in (1, 30, 250)}, walk=0.001)
     return [
-        Model("sim", "C=8,32 must not lose, live (paired)", SIM_NOISE, quick, stored=False),
-        Model("sim-ac", "the same, run_correlation 0.4", SIM_NOISE,
-              quick.with_overrides(run_correlation=0.4), stored=False),
-        Model("users", "C=1 must not lose, stored 10 runs", replace(USERS_NOISE, session=0.01),
-              users.with_overrides(concurrency=(1,)), stored=True, stored_runs=10),
-        Model("users3", "C=1 -8%, C=30,250 must not lose, stored 10",
-              Noise("users3", {c: USERS_NOISE.at(1) / c ** 0.5 for c in (1, 30, 250)},
-                    session=0.01), sweep, stored=True, stored_runs=10),
-        Model("drift", "C=32 must not lose, stored 10, drifted", Noise(
-            "drift", {32: SIM_NOISE.at(32)}, ar=SIM_NOISE.ar, walk=0.003, session=0.01),
-            quick.with_overrides(concurrency=(32,)), stored=True, stored_runs=10),
+        Model("users", "C=1 must not lose, swap, fresh incumbent", replace(USERS_PROMPTED, walk=0.001),
+              users.with_overrides(concurrency=(1,)), stored=True, stored_runs=swap, fresh=True),
+        Model("users3", "C=1 -8%, C=30,250 must not lose, swap", users3, sweep,
+              stored=True, stored_runs=swap, fresh=True),
+        Model("sim", "C=8,32 must not lose, live (ABBA)", SIM_NOISE, quick, stored=False),
+        Model("ar04", "the same, runs AR(1) 0.4 (undeclared)",
+              replace(SIM_NOISE, ar={8: 0.4, 32: 0.4}), quick, stored=False),
+        Model("drift", "C=32 must not lose, swap, walk 0.5%/run",
+              Noise("drift", {32: SIM_NOISE.at(32)}, ar=SIM_NOISE.ar, walk=0.005),
+              quick.with_overrides(concurrency=(32,)), stored=True,
+              stored_runs=quick.baseline_runs(), fresh=True),
+        Model("t3", "sim, runs t on 3 df", replace(SIM_NOISE, tails=3.0), quick, stored=False),
+        Model("outlier", "sim, one run 30% low", replace(SIM_NOISE, outlier=0.3), quick,
+              stored=False),
+        Model("session3", "users, stored 3% away, fresh incumbent",
+              replace(USERS_PROMPTED, walk=0.001, session=0.03),
+              users.with_overrides(concurrency=(1,)), stored=True, stored_runs=swap, fresh=True),
     ]
+
+
+def capacity_coverage(trials: int, seed: int) -> tuple[float, int]:
+    """How often the real judge_step's TTFT p99 interval holds the true p99: requests whose
+    TTFT is lognormal (median 200 ms, sd of the log 0.5), at the default
+    capacity_min_requests."""
+    n = GateProfile().capacity_min_requests
+    rng = random.Random(f"capacity:{seed}")
+    true = 200.0 * math.exp(0.5 * statistics.NormalDist().inv_cdf(Q))
+    hit = 0
+    for _ in range(trials):
+        recs = []
+        for _ in range(n):
+            ttft = 0.2 * math.exp(rng.gauss(0.0, 0.5))
+            recs.append(RequestRecord(ok=True, start=0.0, end=ttft + 1.0, ttft=ttft,
+                                      chunk_times=[ttft, ttft + 1.0], output_tokens=2))
+        run = run_metrics(1, 0, 1.0)
+        step = judge_step(1, run, recs, {"ttft_p99_ms": 1e9}, seed=rng.randrange(1 << 30))
+        _, low, high = step.p99["ttft_p99_ms"]
+        hit += low <= true <= high
+    return hit / trials, n
 
 
 def ratios(m: Model, offset: float | None) -> dict[int, float]:
@@ -82,7 +138,8 @@ def cell(args: tuple[int, int, int, int]) -> Rates:
     mi, oi, trials, seed = args
     m = models()[mi]
     return rates(m.profile, m.noise, ratios(m, OFFSETS[oi][1]), stored=m.stored,
-                 stored_runs=m.stored_runs, trials=trials, seed=seed + 1000 * mi + oi)
+                 stored_runs=m.stored_runs, trials=trials, seed=seed + 1000 * mi + oi,
+                 fresh=m.fresh)
 
 
 def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> dict[str, float]:
@@ -90,9 +147,12 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     ap.add_argument("--trials", type=int, default=2000, help="trials per cell (default 2000)")
     ap.add_argument("--seed", type=int, default=19)
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--models", default="sim,sim-ac,users,users3,drift", help="comma-separated subset")
+    ap.add_argument("--models", default=",".join(m.name for m in models()),
+                    help="comma-separated subset")
     ap.add_argument("--cells", default=",".join(k for k, _ in OFFSETS),
                     help="comma-separated subset of the true ratios: bar-5%%,bar-2%%,bar,bar+2%%,bar+5%%,equal")
+    ap.add_argument("--capacity-trials", type=int, default=2000,
+                    help="trials of the capacity interval's coverage (0: skip)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     chosen = [i for i, m in enumerate(models()) if m.name in args.models.split(",")]
@@ -115,17 +175,24 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
             echo(f"{m.name:7} {m.what:44} {label:>7} {shown:>8} {r.passed:8.3f} {r.failed:8.3f} "
                  f"{r.inconclusive:7.3f} {r.runs_mean:5.1f} {r.runs_p95:4g}")
     out: dict[str, float] = {}
-    if ("users", "bar") in res and ("sim", "equal") in res:
-        runs = [n for (name, _), r in res.items() if name == "users" for n in r.runs]
-        out = {"false_fail": res[("users", "bar")].failed, "false_pass": res[("users", "bar")].passed,
-               "equal_pass": res[("sim", "equal")].passed, "runs_mean": sum(runs) / len(runs),
-               "runs_p95": p95(runs)}
-        echo(f"# {args.trials} trials a cell, seed {args.seed}, {time.monotonic() - t0:.0f} s")
-        echo(f"gate_calibration: false_fail={out['false_fail']:.3f} false_pass={out['false_pass']:.3f} "
-             f"equal_pass={out['equal_pass']:.3f} runs_mean={out['runs_mean']:.1f} "
-             f"runs_p95={out['runs_p95']:g}")
+    echo(f"# {args.trials} trials a cell, seed {args.seed}, {time.monotonic() - t0:.0f} s")
+    for mi in chosen:
+        name = models()[mi].name
+        if (name, "bar") not in res or (name, "equal") not in res:
+            continue
+        runs = [n for (nm, _), r in res.items() if nm == name for n in r.runs]
+        ff, fp = res[(name, "bar")].failed, res[(name, "bar")].passed
+        eq, rm = res[(name, "equal")].passed, sum(runs) / len(runs)
+        out.update({f"{name}.false_fail": ff, f"{name}.false_pass": fp,
+                    f"{name}.equal_pass": eq, f"{name}.runs_mean": rm})
+        echo(f"gate_calibration: cell={name} false_fail={ff:.3f} false_pass={fp:.3f} "
+             f"equal_pass={eq:.3f} runs_mean={rm:.1f}")
+    if args.capacity_trials:
+        cov, n = capacity_coverage(args.capacity_trials, args.seed)
+        out["capacity_coverage"] = cov
+        echo(f"gate_calibration: capacity_coverage={cov:.3f} capacity_requests={n} "
+             f"trials={args.capacity_trials}")
     return out
-
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,7 @@ Tolerance 2%: the users read differences of a few percent as verdicts.
 
 No clock and no server: each run's tok/s is the model's steady state (sim/model.py) times
 a fixed spread of +-1%, so the verdicts are the gate's own logic (`judge_level`, its
-sequential test against stored runs with the profile's session drift, `overall`) applied
+sequential test against stored runs of the same session, `overall`) applied
 to the model, at the last look (6 runs a side). That the gate over real HTTP measures what
 the simulator serves is held by tests/test_gate_sim.py and measured by bench/gate_accuracy.py;
 this file used to re-measure the whole sweep against live simulators (160 s of wall clock,
@@ -23,7 +23,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from stackbuild.gate.decide import judge_level, level_summary, overall
+from stackbuild.gate.decide import design_for, judge_level, level_summary, overall
 from stackbuild.gate.result import GateResult, Percentiles, RunMetrics
 from stackbuild.results.ledger import Ledger
 from stackbuild.results.report import build_report, render_markdown
@@ -50,7 +50,9 @@ def gate(name: str, profile: str, at: str, *, baseline: GateResult | None = None
     judged = []
     for c in levels:
         inc = None if baseline is None else [r.output_tok_s for r in baseline.level(c).runs]  # type: ignore[union-attr]
-        judged.append(judge_level(level_summary(c, runs(profile, c, slow)), inc, SWEEP, final=True))
+        # the sweep is measured in one session: each baseline is fresh (no session drift)
+        judged.append(judge_level(level_summary(c, runs(profile, c, slow)), inc, SWEEP, final=True,
+                                  design=design_for(SWEEP, paired=False, fresh=True)))
     wl = SWEEP.workload()
     return GateResult(name=name, url="http://127.0.0.1:1", started_at=at, finished_at=at, workload=wl,
                       fingerprint=wl.fingerprint(), tolerance=SWEEP.tolerance, host={"gpu_model": "sim"},

@@ -66,7 +66,7 @@ def test_plan_text_says_runs_and_duration() -> None:
     assert lines[4].startswith("  expected: ~") and "never more than the deadline" in lines[4]
     blind = plan_text(PROF, noise_from([], PROF), stored=True, trials=20)
     assert "no earlier result of this workload: an assumed 2% spread a run" in blind
-    assert "against a stored baseline (swap)" in blind
+    assert "against the incumbent measured right before the swap, on the same prompts" in blind
     assert "expected: unknown until a run of this workload is measured" in blind
 
 
@@ -94,9 +94,11 @@ def test_a_stored_baseline_is_remeasured_when_old_or_from_another_host() -> None
         "the host changed since it was measured (driver 580.1 -> 590.2)"
     old = fresh.model_copy(update={"finished_at": "2026-01-01T00:00:00+00:00"})
     said = why_remeasure(old, facts, 7 * 86400.0)
-    assert said is not None and said.endswith("h old, past the profile's bound of 168 h")
-    assert why_remeasure(fresh.model_copy(update={"finished_at": "t"}), facts, 3600.0) == \
-        "it is of unknown age, past the profile's bound of 1 h"
+    assert said is not None and said.endswith("h old, past the profile's bound of 168 h (a swap compares with the "
+                                            "incumbent measured in this session)")
+    assert why_remeasure(fresh.model_copy(update={"finished_at": "t"}), facts, 3600.0) == (
+        "it is of unknown age, past the profile's bound of 1 h (a swap compares with the incumbent "
+        "measured in this session)")
 
 
 def test_a_stored_baseline_thinner_than_a_reference_is_remeasured() -> None:
@@ -123,7 +125,8 @@ def test_swap_remeasures_an_old_stored_baseline_before_stopping_the_incumbent() 
     rep = run(host, gate=gate)
     assert (rep.outcome, rep.verdict) == ("promoted", "pass"), rep.render()
     said = next(s.detail for s in rep.steps if s.name == "baseline")
-    assert "not used: it is" in said and "past the profile's bound of 168 h" in said
+    # the bound is the fresher of baseline_max_age_s and fresh_baseline_s (1 h)
+    assert "not used: it is" in said and "past the profile's bound of 1 h" in said
     assert said.endswith("measured the incumbent now (fingerprint " + old.fingerprint + ")")
     # the incumbent was measured first, while it served, then the candidate against it
     first, second = gate.calls
@@ -147,7 +150,7 @@ def test_the_deploy_dry_run_prints_the_gate_plan(tmp_path: Path) -> None:
     rep = deploy(DryRunRemote(host.address, reader=host, echo=said.append), request("swap"), svc)
     assert rep.outcome == "planned"
     (plan,) = [s for s in said if s.startswith("gate plan")]
-    assert "runs 6..16 a level, against a stored baseline (swap)" in plan
+    assert "runs 6..16 a level, against the incumbent measured right before the swap" in plan
     assert "never more than the deadline" in plan
 
 

@@ -178,11 +178,16 @@ def _resolve_profile(ctx: click.Context, stack: str | None, name: str | None) ->
     return profiles[chosen]
 
 
-def _plan(ctx: click.Context, profile: Any, ledger: Path | None, *, stored: bool,
+def _plan(ctx: click.Context, profile: Any, ledger: Path | None, *, baseline_file: Path | None,
           name: str) -> str:
+    from stackbuild.gate.formats import read_json
+    from stackbuild.gate.runner import is_fresh
     from stackbuild.results.ledger import gate_plan, ledger_path
 
-    return gate_plan(profile, ledger_path(ledger, (ctx.obj or {}).get("root")), stored=stored, name=name)
+    # a stored baseline is judged as the gate will judge it: of this session or not
+    fresh = baseline_file is None or is_fresh(read_json(baseline_file), profile)
+    return gate_plan(profile, ledger_path(ledger, (ctx.obj or {}).get("root")),
+                     stored=baseline_file is not None, name=name, fresh=fresh)
 
 
 @click.command("gate")
@@ -276,7 +281,7 @@ def gate_cmd(ctx: click.Context, /, url: str | None, baseline_file: Path | None,
         raise InputError(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}") \
             from None
     if plan_only:
-        click.echo(_plan(ctx, profile, ledger, stored=baseline_file is not None,
+        click.echo(_plan(ctx, profile, ledger, baseline_file=baseline_file,
                          name=profile_name or ""))
         return
     if not url:

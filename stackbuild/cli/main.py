@@ -88,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as err:
         err.show()
         return EXIT_INVALID
+    except ArithmeticError as err:
+        # a computation that could not be carried out (an overflow, a division by zero in
+        # the statistics) is not a verdict on the build: never exit 1, never a traceback
+        click.echo(f"stackbuild: a computation failed ({type(err).__name__}: {err}): not a "
+                   "verdict on the build; report it with the command that gave it", err=True)
+        return EXIT_INFRA
     except KeyboardInterrupt:
         click.echo("stackbuild: interrupted", err=True)
         return 130

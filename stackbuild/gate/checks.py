@@ -3,6 +3,7 @@ and the traffic-weighted change. Each returns its part of the GateResult."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from stackbuild.gate import agreement, capacity, traffic
@@ -17,7 +18,7 @@ from stackbuild.gate.result import (
     Verdict,
     Workload,
 )
-from stackbuild.gate.sequential import estimate
+from stackbuild.gate.sequential import estimate, t_isf
 from stackbuild.gate.stats import allowed
 from stackbuild.spec.profile import GateProfile
 
@@ -56,8 +57,16 @@ def traffic_verdict(levels: list[LevelResult], profile: GateProfile) -> TrafficR
         if lv.baseline_runs_tok_s and lv.runs and min(lv.baseline_runs_tok_s) > 0 \
                 and min(r.output_tok_s for r in lv.runs) > 0:
             design = design_for(profile, paired=bool(lv.paired))
-            per[lv.concurrency] = estimate([r.output_tok_s for r in lv.runs],
-                                           lv.baseline_runs_tok_s, design)
+            est, se, df = estimate([r.output_tok_s for r in lv.runs], lv.baseline_runs_tok_s,
+                                   design)
+            # a level that stopped early was looked at more than once: its se is widened so
+            # that the fixed-sample t at `confidence` spans its repeated confidence interval
+            # at that look (Jennison & Turnbull 2000, ch. 9), which holds whenever it stopped
+            n = len(lv.runs)
+            if n < design.last and df >= 1 and math.isfinite(se):
+                wide = max(design.critical(n, len(lv.baseline_runs_tok_s)))
+                se *= max(1.0, wide / t_isf((1.0 - profile.confidence) / 2.0, df))
+            per[lv.concurrency] = (est, se, df)
     w = {c: x for c, x in profile.traffic.items() if c in per and x > 0}
     if not w:
         return None

@@ -29,17 +29,22 @@ from stackbuild.spec.profile import GateProfile
 Take = Callable[[int], Awaitable[tuple[RunMetrics, RunMetrics | None]]]
 
 
-def design_for(profile: GateProfile, *, paired: bool) -> Design:
-    """The sequential design of a level: looks from `runs` to `max_runs`; the false-pass alpha
+def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False) -> Design:
+    """The sequential design of a level: looks from `runs` (or the first run count where a
+    boundary can be crossed, Design.start) to `max_runs`, the candidate's run i paired with the
+    incumbent's run i on the same seeded prompts, live (`paired`: measured beside it, in ABBA
+    order) or stored; a stored baseline carries the session drift unless it is `fresh` (measured
+    in this session, right before a swap); the false-pass alpha
     per level (the gate passes only when every required level passes: an intersection-union
     test, Berger 1982, Technometrics 24:295), the false-fail alpha split over the required
     levels (any one failing fails the gate: Bonferroni)."""
     wl = profile.workload()
     alpha = (1.0 - profile.confidence) / 2.0
     family = max(1, len(profile.required_levels()))
-    return Design(paired=paired, first=wl.runs, last=wl.max_runs, alpha_pass=alpha,
-                  alpha_fail=alpha / family, drift=0.0 if paired else profile.session_drift,
-                  correlation=profile.run_correlation)
+    return Design(paired=True, first=wl.runs, last=wl.max_runs, alpha_pass=alpha,
+                  alpha_fail=alpha / family,
+                  drift=0.0 if paired or fresh else profile.session_drift,
+                  correlation=profile.run_correlation).start()
 
 
 def level_summary(concurrency: int, runs: list[RunMetrics]) -> LevelResult:
@@ -86,10 +91,11 @@ def _broken(level: LevelResult, profile: GateProfile) -> list[str]:
 
 
 def judge_level(level: LevelResult, incumbent: list[float] | None, profile: GateProfile, *,
-                final: bool, design: Design | None = None) -> LevelResult:
+                final: bool, design: Design | None = None, live: bool = False) -> LevelResult:
     """Attach the comparison and verdict; 'inconclusive' only when final (no runs left).
 
-    `design`: how the runs compare (default: against stored runs, the profile's looks).
+    `design`: how the runs compare (default: against stored runs, the profile's looks);
+    `live`: the incumbent's runs were measured beside the candidate's.
     """
     c = level.concurrency
     design = design or design_for(profile, paired=False)
@@ -103,7 +109,7 @@ def judge_level(level: LevelResult, incumbent: list[float] | None, profile: Gate
     required = (pol.required and profile.decide_on == "levels") or broken
     if incumbent:
         fields.update(baseline_median_output_tok_s=statistics.median(incumbent),
-                      baseline_runs_tok_s=tuple(incumbent), paired=design.paired,
+                      baseline_runs_tok_s=tuple(incumbent), paired=live,
                       bar=bar, margin=margin)
         if min(incumbent) <= 0 or min(r.output_tok_s for r in level.runs) <= 0:
             reasons.append(f"C={c}: a run measured 0 tok/s; re-measure")
@@ -138,16 +144,17 @@ def judge_level(level: LevelResult, incumbent: list[float] | None, profile: Gate
 
 
 async def run_level(c: int, take: Take, profile: GateProfile, design: Design,
-                    stored: list[float] | None, cand: list[RunMetrics] | None = None) -> LevelResult:
+                    stored: list[float] | None, cand: list[RunMetrics] | None = None, *,
+                    live: bool = False) -> LevelResult:
     """Runs at one level until the sequential test decides or its last look.
 
-    A live incumbent (design.paired) is measured by `take` beside each candidate run; else
+    A `live` incumbent is measured by `take` beside each candidate run; else
     the candidate is compared with `stored`, or measured alone (a reference: `baseline_runs()`).
     `cand` collects the candidate's runs as they finish (the deadline keeps what was measured).
     """
     cand = [] if cand is None else cand
     inc: list[float] = []
-    compared = design.paired or bool(stored)
+    compared = live or bool(stored)
     target = design.first if compared else max(design.first, profile.baseline_runs())
     allowed = profile.max_failed_requests
     while True:
@@ -160,8 +167,8 @@ async def run_level(c: int, take: Take, profile: GateProfile, design: Design,
         # no more runs are measured
         broken = sum(r.failed for r in cand) > allowed
         final = broken or target >= design.last or not compared
-        lv = judge_level(level_summary(c, cand), inc if design.paired else stored, profile,
-                         final=final, design=design)
+        lv = judge_level(level_summary(c, cand), inc if live else stored, profile,
+                         final=final, design=design, live=live)
         if lv.verdict != "inconclusive" or final:
             return lv
         target += 1

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from stackbuild.gate import agreement
+from stackbuild.gate.decide import design_for
 from stackbuild.gate.result import GateResult
 from stackbuild.gate.simulate import Noise, trial
 from stackbuild.spec.profile import GateProfile
@@ -112,6 +113,36 @@ def _lag1(cand: list[float], inc: list[float], acc: list[float]) -> None:
     acc[2] += len(xs) - 1
 
 
+def undecidable(profile: GateProfile, *, stored: bool, fresh: bool) -> str | None:
+    """Why this configuration cannot reach its bar however many runs it takes, or None.
+
+    A stored baseline of another session carries the session drift in every interval: a
+    floor under the standard error that no run count removes. Where c * floor (c the pass
+    boundary at the last look) reaches the distance from an equal build to the bar, an equal
+    build can never pass: the gate would spend max_runs and end inconclusive."""
+    if not stored or fresh:
+        return None
+    design = design_for(profile, paired=False, fresh=False)
+    floor = design.drift
+    if floor <= 0:
+        return None
+    c_pass = design.critical(design.last, 0)[0]
+    stuck = [c for c in profile.required_levels() if profile.bar(c) < 1.0
+             and c_pass * floor >= -math.log(profile.bar(c))]
+    if not stuck:
+        return None
+    need = max(1.0 - math.exp(-c_pass * floor * 1.05), 0.0)
+    levels = ",".join(map(str, stuck))
+    return (f"C={levels} cannot be decided against a stored baseline of another session: its "
+            f"session drift of {floor:.1%} (session_drift) is a floor under the standard error "
+            f"that no number of runs removes, and {c_pass:.2f} x {floor:.1%} reaches the distance "
+            f"from an equal build to the bar ({', '.join(f'{profile.bar(c):.3f}' for c in stuck)}); "
+            "make it decidable with a live incumbent (--baseline-url), a fresh measurement of "
+            "the incumbent (within fresh_baseline_s; a swap deploy measures it right before it "
+            f"stops it), a margin or tolerance of {need:.1%} or more, or a smaller "
+            "session_drift (`gate --plan` shows the drift seen)")
+
+
 @dataclass(frozen=True)
 class LevelPlan:
     concurrency: int
@@ -122,18 +153,20 @@ class LevelPlan:
 
 
 def expected_runs(profile: GateProfile, noise: NoiseSeen, *, stored: bool, trials: int = 200,
-                  seed: int = 0) -> list[LevelPlan]:
-    """Run counts per level from the gate's own loop on this noise."""
+                  seed: int = 0, fresh: bool = True) -> list[LevelPlan]:
+    """Run counts per level from the gate's own loop on this noise, the runs' correlation the
+    ledger showed included."""
+    rho = min(0.8, max(0.0, noise.correlation or 0.0))
     model = Noise("seen", {c: lv.sigma for c, lv in noise.levels.items()},
-                  session=noise.drift or 0.0)
+                  ar={c: rho for c in noise.levels}, session=noise.drift or 0.0)
     stored_runs = profile.baseline_runs()
     out: dict[str, list[list[int]]] = {}
     passed = 0
     for case in ("equal", "bar"):
         ratios = {c: 1.0 if case == "equal" else profile.bar(c) for c in profile.concurrency}
         rng = random.Random(seed)
-        got = [trial(profile, model, ratios, stored=stored, stored_runs=stored_runs, rng=rng)
-               for _ in range(trials)]
+        got = [trial(profile, model, ratios, stored=stored, stored_runs=stored_runs, rng=rng,
+                     fresh=fresh) for _ in range(trials)]
         out[case] = [[len(lv.runs) for lv in t.levels] for t in got]
         if case == "equal":
             passed = sum(t.verdict == "pass" for t in got)
@@ -173,11 +206,19 @@ def _dur(s: float) -> str:
 
 
 def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str = "",
-              trials: int = 200) -> str:
-    """What the gate will take, in lines a person reads before starting it."""
+              trials: int = 200, fresh: bool = True) -> str:
+    """What the gate will take, in lines a person reads before starting it.
+
+    stored and fresh: the incumbent measured right before the swap (what a deploy does while
+    it serves); stored and not fresh: a baseline of another session."""
     wl = profile.workload()
-    levels = expected_runs(profile, noise, stored=stored, trials=trials)
-    how = "against a stored baseline (swap)" if stored else "against a live incumbent, alternating"
+    stuck = undecidable(profile, stored=stored, fresh=fresh)
+    if stuck:
+        return f"gate plan{' ' + name if name else ''}: undecidable: {stuck}"
+    levels = expected_runs(profile, noise, stored=stored, trials=trials, fresh=fresh)
+    how = ("against the incumbent measured right before the swap, on the same prompts"
+           if stored and fresh else "against a stored baseline of another session" if stored
+           else "against a live incumbent, alternating")
     src = (f"the noise {noise.results} earlier results of this workload showed" if noise.results
            else f"no earlier result of this workload: an assumed {ASSUMED_SIGMA:.0%} spread a run")
     lines = [f"gate plan{' ' + name if name else ''}: C={','.join(map(str, wl.concurrency))}, "
@@ -191,6 +232,10 @@ def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str
                      f"~{lp.bar_runs:.1f}; {run}")
     lines.append(f"  an equal build passes {levels[0].equal_pass:.0%} of the time at this noise"
                  + (f"; session drift seen {noise.drift:.1%}" if noise.drift is not None else ""))
+    if stored and fresh and undecidable(profile, stored=True, fresh=False):
+        lines.append("  if the incumbent is not serving at the swap, its stored result of another "
+                     "session is all there is, and then: " + str(undecidable(profile, stored=True,
+                                                                            fresh=False)))
     if noise.correlation is not None and noise.correlation > profile.run_correlation + 0.1:
         lines.append(f"  successive runs were correlated {noise.correlation:.2f} (the profile assumes "
                      f"{profile.run_correlation:g}): set run_correlation to keep the stated errors")

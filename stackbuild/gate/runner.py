@@ -98,13 +98,36 @@ def host_facts(url: str) -> dict[str, str]:
     return facts
 
 
-def _check_baseline(baseline: GateResult, wl: Workload) -> None:
+def is_fresh(baseline: GateResult, profile: GateProfile) -> bool:
+    """A stored baseline of this session: finished at most `fresh_baseline_s` ago."""
+    age = age_s(baseline)
+    return age is not None and age <= profile.fresh_baseline_s
+
+
+def _check_baseline(baseline: GateResult, wl: Workload, profile: GateProfile) -> None:
+    """Refuse, before anything is measured, a stored baseline that cannot decide: another
+    workload, fewer runs than the candidate may take (each candidate run i is paired with the
+    incumbent's run i on the same prompts), or one whose session drift no run count can get
+    below the margin."""
     if baseline.fingerprint != wl.fingerprint():
         raise InputError(
             f"--baseline: {baseline.name!r} measured workload {baseline.fingerprint}, this gate "
             f"measures {wl.fingerprint()} (lengths, api, seed or model differ); "
             "re-measure the incumbent with the same profile"
         )
+    need = profile.baseline_runs()
+    thin = [f"C={lv.concurrency} ({len(lv.runs)})" for c in wl.concurrency
+            if (lv := baseline.level(c)) is not None and len(lv.runs) < need]
+    if thin:
+        raise InputError(
+            f"--baseline: {baseline.name!r} has fewer than the {need} runs a baseline needs at "
+            f"{', '.join(thin)} (its gate decided early); re-measure the incumbent: "
+            f"stackbuild gate --url INCUMBENT --json FILE with this profile")
+    from stackbuild.gate.plan import undecidable
+
+    said = undecidable(profile, stored=True, fresh=is_fresh(baseline, profile))
+    if said:
+        raise InputError(f"--baseline: {said}")
 
 
 async def _measure(url: str, wl: Workload, c: int, index: int, side: str,
@@ -125,6 +148,7 @@ async def _measure(url: str, wl: Workload, c: int, index: int, side: str,
 async def _run_level(
     c: int, url: str, inc_url: str | None, stored: LevelResult | None, wl: Workload,
     profile: GateProfile, emit: Progress, done: list[RunMetrics] | None = None,
+    fresh: bool = False,
 ) -> LevelResult:
     """One level measured over HTTP: the sequential loop (decide.run_level) with its runs taken here.
 
@@ -150,8 +174,8 @@ async def _run_level(
         return await cand(), theirs
 
     stored_runs = [r.output_tok_s for r in stored.runs] if stored is not None else None
-    design = design_for(profile, paired=inc_url is not None)
-    return await run_level(c, take, profile, design, stored_runs, done)
+    design = design_for(profile, paired=inc_url is not None, fresh=fresh)
+    return await run_level(c, take, profile, design, stored_runs, done, live=inc_url is not None)
 
 
 async def _level_by_deadline(c: int, clock: _Clock, done: list[RunMetrics],
@@ -217,8 +241,10 @@ async def run_gate_async(
     if profile.decide_on == "traffic" and not profile.traffic:
         raise InputError("decide_on traffic needs traffic weights: pass --traffic FILE (written by "
                          "`stackbuild traffic`) or set traffic: in the profile")
+    fresh = False
     if baseline is not None:
-        _check_baseline(baseline, wl)
+        _check_baseline(baseline, wl, profile)
+        fresh = is_fresh(baseline, profile)
     _reachable(url, "candidate", min(profile.ready_timeout_s, clock.left()))
     inc_url = baseline_url.rstrip("/") if baseline_url else None
     if inc_url:
@@ -234,7 +260,8 @@ async def run_gate_async(
         stored = baseline.level(c) if baseline is not None else None
         done: list[RunMetrics] = []
         lv = await _level_by_deadline(c, clock, done,
-                                      _run_level(c, url, inc_url, stored, wl, profile, emit, done))
+                                      _run_level(c, url, inc_url, stored, wl, profile, emit, done,
+                                                 fresh))
         if baseline is not None and stored is None:
             note = f"C={c}: the baseline file has no runs at this level"
             lv = lv.model_copy(update={"reasons": (*lv.reasons, note)})
@@ -274,7 +301,7 @@ async def run_gate_async(
         baseline_source="live" if inc_url else "stored" if baseline is not None else None,
         baseline_measured_at=baseline.finished_at if baseline is not None else None,
         baseline_age_s=age_s(baseline) if baseline is not None else None,
-        session_drift=profile.session_drift if baseline is not None else None,
+        session_drift=(0.0 if fresh else profile.session_drift) if baseline is not None else None,
         margin=profile.margin, decide_on=profile.decide_on,
         levels=tuple(levels), probe=probe, agreement=agreed, capacity=cap, traffic=on_traffic,
         bars=tuple(bars), verdict=verdict,

@@ -40,7 +40,7 @@ import math
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
@@ -221,11 +221,23 @@ class Design:
         return tuple(info(n) / full for n in self.looks())
 
     def df(self, n: int, stored_runs: int) -> int:
-        """Degrees of freedom at n candidate runs: n - 1 paired; stored: min(n, m) - 1 (the
-        conservative choice for Welch's statistic, Scheffe 1970), n - 1 with one stored run."""
+        """Degrees of freedom at n candidate runs of the trimmed statistic: n - 2g - 1 paired
+        (g = trim_count(n)); stored: min(h_c, h_i) - 1, h = n - 2g each side (the conservative
+        choice for Welch's and Yuen's statistic, Scheffe 1970), h_c - 1 with one stored run."""
+        h = n - 2 * trim_count(n)
         if self.paired or stored_runs < 2:
-            return n - 1
-        return min(n, stored_runs) - 1
+            return h - 1
+        return min(h, stored_runs - 2 * trim_count(stored_runs)) - 1
+
+    def start(self, stored_runs: int = 0) -> Design:
+        """This design looking only from the first run count where its boundary can be crossed
+        (a t boundary at most REACHABLE_T), the alpha spent over the looks that remain."""
+        d = self
+        while d.first < d.last and d.df(d.first, stored_runs) >= 1 and \
+                _nominal_t(d, 0 if d.paired else stored_runs, min(d.alpha_pass, d.alpha_fail))[0] \
+                > REACHABLE_T:
+            d = replace(d, first=d.first + 1)
+        return d
 
     def critical(self, n: int, stored_runs: int) -> tuple[float, float]:
         """(c_pass, c_fail): the t critical values at the look after n candidate runs."""
@@ -243,6 +255,38 @@ def _nominal_t(design: Design, stored_runs: int, alpha: float) -> tuple[float, .
 
 # Paths of the null simulation that sizes each boundary (see _criticals).
 CALIBRATION_PATHS = 40000
+# a look whose t boundary exceeds this cannot be crossed by runs a server really gives (at
+# 3 runs and 2 df the first O'Brien-Fleming boundary is ~10^3): the design starts looking
+# only from the first run count whose boundary is below it (see Design.start)
+REACHABLE_T = 12.0
+
+
+def trim_count(n: int) -> int:
+    """Runs trimmed from each end at n: none below 10 (a trimmed run costs two degrees of
+    freedom, dear at a few runs), then one per 10."""
+    return n // 10
+
+
+def robust(xs: Sequence[float]) -> tuple[float, float, int]:
+    """(trimmed mean, its variance, degrees of freedom) of runs in time order.
+
+    The Tukey-McLaughlin trimmed mean with its winsorized variance (Tukey & McLaughlin 1963,
+    Sankhya A 25:331-352; the paired form of Yuen 1974, Biometrika 61:165-170): trimming
+    `trim_count(n)` runs from each end, one bad run cannot move the estimate or its spread
+    by more than its neighbour does; df = n - 2g - 1. Correlated runs are the boundary's
+    business (_criticals sizes it on AR(1) null paths of the declared correlation).
+    """
+    n = len(xs)
+    if n < 2:
+        return (xs[0] if xs else 0.0), math.nan, 0
+    g = trim_count(n)
+    s = sorted(xs)
+    core = s[g:n - g]
+    est = sum(core) / len(core)
+    wins = [s[g]] * g + core + [s[n - g - 1]] * g
+    _, vw = _mean_var(wins)
+    var = vw / (n * (1.0 - 2.0 * g / n) ** 2)
+    return est, var, n - 2 * g - 1
 
 
 def _ar1(rng: random.Random, n: int, rho: float) -> list[float]:
@@ -257,30 +301,30 @@ def _ar1(rng: random.Random, n: int, rho: float) -> list[float]:
 @lru_cache(maxsize=16)
 def _null_paths(paired: bool, first: int, last: int, stored_runs: int,
                 rho: float = 0.0) -> tuple[tuple[float, ...], ...]:
-    """The t statistic at each look (n = first..last) of seeded simulated runs under the null
-    (the true ratio on the bar), for paired or stored runs at equal spreads, the runs of each
-    side autocorrelated rho (the paired differences then are too)."""
+    """The statistic at each look (n = first..last) of seeded simulated runs under the null
+    (the true ratio on the bar), computed by the gate's own `statistic`, for paired or stored
+    runs at equal spreads, the runs of each side autocorrelated rho (the paired differences
+    then are too)."""
     rng = random.Random(f"{first}:{last}:{stored_runs}:{paired}:{rho}")
     m = max(1, stored_runs)
+    design = Design(paired=paired, first=first, last=last)
     paths = []
     for _ in range(CALIBRATION_PATHS):
-        base_mean, base_var = 0.0, -1.0
-        if not paired:
-            base_mean, base_var = _mean_var(_ar1(rng, m, rho))
-            base_var = base_var if m >= 2 else -1.0
-        s = ss = 0.0
+        xs = _ar1(rng, last, rho)
+        base = [0.0] * last if paired else _ar1(rng, m, rho)  # paired: xs are the differences
         ts = []
-        for n, x in enumerate(_ar1(rng, last, rho), start=1):
-            s += x
-            ss += x * x
-            if n < first:
-                continue
-            var = (ss - s * s / n) / (n - 1)
-            vb = var if base_var < 0 else base_var
-            se = math.sqrt(var / n) if paired else math.sqrt(var / n + vb / m)
-            ts.append(((s / n) - base_mean) / se if se > 0 else 0.0)
+        for n in range(first, last + 1):
+            est, se, _ = statistic(xs[:n], base, design)
+            ts.append(est / se if se > 0 and math.isfinite(se) else 0.0)
         paths.append(tuple(ts))
     return tuple(paths)
+
+
+def _lambda(design: Design, stored_runs: int, alpha: float, side: int,
+            nominal: tuple[float, ...], rho: float) -> float:
+    paths = _null_paths(design.paired, design.first, design.last, stored_runs, rho)
+    worst = sorted(max(side * t / c for t, c in zip(ts, nominal, strict=True)) for ts in paths)
+    return worst[min(len(worst) - 1, math.ceil((1.0 - alpha) * len(worst)))]
 
 
 @lru_cache(maxsize=64)
@@ -289,24 +333,24 @@ def _criticals(design: Design, stored_runs: int, alpha: float, side: int = 1) ->
     probability of ever crossing is alpha (side +1: the pass test's upper boundary; -1: the
     fail test's lower one, on the same simulated paths mirrored).
 
-    Why the scaling: at 3..15 runs the t statistics of successive looks share their variance
-    estimate, and the significance-level approach then crosses a little more often than
-    alpha (2.7-2.9% for a nominal 2.5%, measured). Under the null the sequence of t
-    statistics has a distribution free of the unknown spread (paired: exactly; stored:
-    at equal spreads, where the drift-free part needs the widest boundary), so one factor
-    lambda >= 1, the (1 - alpha) quantile of max_k T_k / c_k over seeded simulated null
-    paths, makes the size exact up to simulation error (sd ~0.0008 at 40 000 paths). A
-    factor below 1 is never used: the boundary is only ever widened.
+    Why the scaling: at 3..15 runs the statistics of successive looks share their variance
+    estimate, and the trimmed statistic is only approximately t; under the null the sequence
+    of statistics has a distribution free of the unknown spread (paired: exactly; stored: at
+    equal spreads, where the drift-free part needs the widest boundary), so one factor
+    lambda, the (1 - alpha) quantile of max_k T_k / c_k over seeded simulated null paths,
+    makes the size alpha up to simulation error (sd ~0.0008 at 40 000 paths). The factor is
+    the largest over independent runs and AR(1) runs of lag-1 correlation
+    `design.correlation` (the declared worst case), so the size holds for either.
     """
     nominal = _nominal_t(design, stored_runs, alpha)
     if design.df(design.first, stored_runs) < 1:
         return nominal
-    # with correlated runs the boundary is sized on AR(1) paths; the nominal t levels stay the
-    # starting point and the factor lambda carries the whole correction
-    paths = _null_paths(design.paired, design.first, design.last, stored_runs, design.correlation)
-    worst = sorted(max(side * t / c for t, c in zip(ts, nominal, strict=True)) for ts in paths)
-    lam = worst[min(len(worst) - 1, math.ceil((1.0 - alpha) * len(worst)))]
-    return tuple(c * max(1.0, lam) for c in nominal)
+    rhos = {0.0, design.correlation}
+    lam = max(_lambda(design, stored_runs, alpha, side, nominal, r) for r in sorted(rhos))
+    # paired, the statistic's null distribution is free of the spread: lambda is used as found,
+    # below 1 too; two-sample it is sized at equal spreads, where the min(n, m) - 1 degrees of
+    # freedom are most conservative, so it only ever widens the boundary there
+    return tuple(c * (lam if design.paired else max(1.0, lam)) for c in nominal)
 
 
 @dataclass(frozen=True)
@@ -327,36 +371,58 @@ def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
     return mean, (sum((x - mean) * (x - mean) for x in xs) / (n - 1) if n > 1 else 0.0)
 
 
-def estimate(cand: Sequence[float], inc: Sequence[float], design: Design) -> tuple[float, float, float]:
-    """(mean log ratio, its standard error, degrees of freedom); se nan below 2 runs."""
-    lc = [math.log(x) for x in cand]
-    li = [math.log(x) for x in inc]
+def statistic(cand: Sequence[float], inc: Sequence[float],
+              design: Design) -> tuple[float, float, float]:
+    """(estimate of mu, its standard error, degrees of freedom) from log tok/s in run order.
+
+    Paired (the incumbent's run i on the same seeded prompts as the candidate's run i,
+    measured beside it or stored): `robust` of d_i = cand_i - inc_i. Two-sample: Yuen's
+    trimmed-mean difference (Yuen 1974) of the two sides' `robust` estimates. Both add the
+    drift (the stored baseline's session offset, a known variance component). se nan below
+    2 runs."""
     if design.paired:
-        n = min(len(lc), len(li))
-        mean, var = _mean_var([a - b for a, b in zip(lc[:n], li[:n], strict=True)])
-        return mean, math.sqrt(var / n) if n >= 2 else math.nan, float(design.df(n, 0))
-    nc, ni = len(lc), len(li)
-    (mc, vc), (mi, vi) = _mean_var(lc), _mean_var(li)
+        n = min(len(cand), len(inc))
+        est, var, df = robust([a - b for a, b in zip(cand[:n], inc[:n], strict=True)])
+        se = math.sqrt(var + design.drift ** 2) if n >= 2 else math.nan
+        return est, se, float(df)
+    nc, ni = len(cand), len(inc)
+    mc, vc, _ = robust(cand)
+    mi, vi, _ = robust(inc)
     if nc < 2:
         return mc - mi, math.nan, 0.0
     vi = vi if ni >= 2 else vc  # one stored run: assume equal spreads
-    return mc - mi, math.sqrt(vc / nc + vi / ni + design.drift ** 2), float(design.df(nc, ni))
+    return mc - mi, math.sqrt(vc + vi + design.drift ** 2), float(design.df(nc, ni))
+
+
+def estimate(cand: Sequence[float], inc: Sequence[float], design: Design) -> tuple[float, float, float]:
+    """(estimate of log(candidate / incumbent), its standard error, degrees of freedom) of
+    tok/s runs; se nan below 2 runs."""
+    return statistic([math.log(x) for x in cand], [math.log(x) for x in inc], design)
+
+
+def _exp(x: float) -> float:
+    """exp without overflow: a bound past e^709 is reported as infinite, not raised."""
+    return math.exp(x) if x < 700.0 else math.inf
 
 
 def look(cand: Sequence[float], inc: Sequence[float], bar: float, design: Design) -> Look:
-    """The two tests at the look after len(cand) candidate runs."""
+    """The two tests at the look after len(cand) candidate runs.
+
+    Decided on the log scale (est -/+ c se against log(bar)); the bounds shown are their
+    exponentials, infinite where they would overflow, so a wide interval is never an error.
+    """
     if not cand or not inc:
         raise ValueError("both sides need at least one run")
     if min(cand) <= 0 or min(inc) <= 0:
         raise ValueError("a run measured 0 tok/s")
     est, se, df = estimate(cand, inc, design)
-    ratio, edge = math.exp(est), math.log(bar)
+    ratio, edge = _exp(est), math.log(bar)
     if math.isnan(se) or df <= 0:
         return Look(ratio, 0.0, math.inf, "undecided", len(cand), df, math.inf)
     if se == 0.0:
         decision: Decision = "pass" if est > edge else "fail" if est < edge else "undecided"
         return Look(ratio, ratio, ratio, decision, len(cand), df, 0.0)
     c_pass, c_fail = design.critical(len(cand), len(inc))
-    low, high = math.exp(est - c_pass * se), math.exp(est + c_fail * se)
-    decision = "pass" if low >= bar else "fail" if high < bar else "undecided"
-    return Look(ratio, low, high, decision, len(cand), df, se)
+    lo_log, hi_log = est - c_pass * se, est + c_fail * se
+    decision = "pass" if lo_log >= edge else "fail" if hi_log < edge else "undecided"
+    return Look(ratio, _exp(lo_log), _exp(hi_log), decision, len(cand), df, se)

@@ -34,7 +34,8 @@ def why_remeasure(stored: GateResult, host_facts: dict[str, str], max_age_s: flo
     age = age_s(stored)
     if age is None or age > max_age_s:
         return (f"it is {'of unknown age' if age is None else f'{age / 3600:.1f} h old'}, "
-                f"past the profile's bound of {max_age_s / 3600:g} h")
+                f"past the profile's bound of {max_age_s / 3600:g} h (a swap compares with the "
+                "incumbent measured in this session)")
     thin = [f"C={lv.concurrency}" for lv in stored.levels if len(lv.runs) < min_runs]
     if thin:
         return (f"it has fewer than the {min_runs} runs a baseline needs at {', '.join(thin)} "
@@ -53,13 +54,17 @@ def incumbent_result(
 ) -> GateResult | None:
     """The incumbent's result on this host for this workload: stored, else measured now.
 
-    A stored result past `baseline_max_age_s` or from other GPUs or another driver is
-    measured again while the incumbent still serves (before the swap stops it)."""
+    The candidate is compared with the incumbent measured in this session, on the same seeded
+    prompts (run i with run i): a stored result older than `fresh_baseline_s` (or past
+    `baseline_max_age_s`), from other GPUs or another driver is measured again while the
+    incumbent still serves (before the swap stops it). The stored result then only says how
+    far the incumbent drifted since (in the step's detail)."""
     if state.current is None:
         rep.note("baseline", True, "first deploy: absolute bars only")
         return None
     fp = req.profile.workload().fingerprint()
     with rep.step("baseline") as st:
+        stored: GateResult | None = None
         res = remote.run(
             ["cat", paths.result_file(state.current.key)],
             check=False,
@@ -73,7 +78,9 @@ def incumbent_result(
                 stored = None
             same_path = stored is not None and stored.host.get("access", "direct") == svc.access
             if stored is not None and stored.fingerprint == fp and same_path:
-                why = why_remeasure(stored, rep.host_facts, req.profile.baseline_max_age_s,
+                why = why_remeasure(stored, rep.host_facts,
+                                    min(req.profile.baseline_max_age_s,
+                                        req.profile.fresh_baseline_s),
                                     req.profile.baseline_runs())
                 said = f"stored result of {state.current.digest[:19]} (fingerprint {fp})"
                 if why is None or not incumbent_active:
@@ -89,5 +96,20 @@ def incumbent_result(
             measured = measured.model_copy(update={"host": {**measured.host, **rep.host_facts}})
         remote.run(["mkdir", "-p", f"{paths.base}/results"], what="create results dir")
         remote.put_text(measured.model_dump_json(), paths.result_file(state.current.key))
-        st.detail = (st.detail or "") + f"measured the incumbent now (fingerprint {fp})"
+        st.detail = (st.detail or "") + f"measured the incumbent now (fingerprint {fp})" + \
+            drift_seen(stored, measured)
         return measured
+
+
+def drift_seen(stored: GateResult | None, now: GateResult) -> str:
+    """"; it measures +0.4% at C=1 against its stored result": what the stored result still
+    says once the incumbent is measured again (the drift between the two sessions)."""
+    if stored is None or stored.fingerprint != now.fingerprint:
+        return ""
+    said = []
+    for lv in now.levels:
+        old = stored.level(lv.concurrency)
+        if old is not None and old.median_output_tok_s > 0 and lv.median_output_tok_s > 0:
+            change = lv.median_output_tok_s / old.median_output_tok_s - 1.0
+            said.append(f"{change * 100:+.1f}% at C={lv.concurrency}")
+    return f"; it measures {', '.join(said)} against its stored result" if said else ""

@@ -374,14 +374,16 @@ def default_ledger_path(root: Path) -> Path:
     return root / ".stackbuild" / "ledger.db"
 
 
-def gate_plan(profile: GateProfile, path: Path, *, stored: bool, name: str = "", trials: int = 200) -> str:
+def gate_plan(profile: GateProfile, path: Path, *, stored: bool, name: str = "", trials: int = 200,
+              fresh: bool = True) -> str:
     """`gate --plan` at the noise the gate results in the ledger at `path` showed (none yet:
     assumed); the deploy's dry run prints it too."""
     results = []
     if path.exists():
         with Ledger(path) as db:
             results = [r.result for r in db.gate_runs()]
-    return plan_text(profile, noise_from(results, profile), stored=stored, name=name, trials=trials)
+    return plan_text(profile, noise_from(results, profile), stored=stored, name=name, trials=trials,
+                     fresh=fresh)
 
 
 def ledger_path(given: Path | None, root: Path | None) -> Path:

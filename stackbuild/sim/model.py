@@ -5,8 +5,10 @@ Times here are model milliseconds at --speed 1; the server divides by speed.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
+from array import array
 
 from stackbuild.sim.calibration import SimProfile
 
@@ -24,6 +26,28 @@ def steady_tok_s(profile: SimProfile, concurrency: int) -> float:
     """Output tok/s with `concurrency` clients always busy, prefill ignored (long outputs)."""
     batch = min(concurrency, profile.max_running)
     return batch * profile.mean_accept * 1000.0 / step_ms(profile, batch)
+
+
+# Speculative acceptance depends on the content: how predictable the continuation is for the
+# draft model. A request's acceptance probability is accept_p plus a part its tokens decide
+# (sd PROMPT_ACCEPT_SD over prompts, the same in every run of the same prompt, on every
+# server) plus a small residual of the run (sd RESIDUAL_ACCEPT_SD), and its per-step draws
+# come from a generator seeded by its tokens (greedy decoding accepts the same drafts on the
+# same text). 0.05 makes the users' C=1 spread over different prompts: at accept_p 0.7 and 2
+# drafts, E[1 + accepted] = 1 + p + p^2 moves 1.1% per 0.01 of p, so 0.05 gives ~5.4% a run
+# of 2048 tokens (their 10 runs: 87.5-103.5 tok/s, 5.4%).
+PROMPT_ACCEPT_SD = 0.05
+RESIDUAL_ACCEPT_SD = 0.005
+
+
+class Acceptance:
+    """One request's draft acceptance: a deterministic function of its tokens plus a residual."""
+
+    def __init__(self, profile: SimProfile, token_ids: list[int], residual: float) -> None:
+        digest = hashlib.blake2b(array("q", token_ids[:256]).tobytes(), digest_size=8).digest()
+        self.rng = random.Random(int.from_bytes(digest, "big"))
+        p = profile.accept_p + PROMPT_ACCEPT_SD * self.rng.gauss(0.0, 1.0) + residual
+        self.p = min(0.98, max(0.02, p))
 
 
 class Sampler:
@@ -55,11 +79,20 @@ class Sampler:
     def prefill_ms(self, input_tokens: int) -> float:
         return self._scale(prefill_ms(self.profile, input_tokens))
 
-    def accepted(self, remaining: int) -> int:
-        """Tokens one request gets from one decode step (>= 1, <= remaining)."""
+    def acceptance(self, token_ids: list[int]) -> Acceptance:
+        """A request's acceptance: what its tokens decide, and this run's residual."""
+        return Acceptance(self.profile, token_ids,
+                          self._rng.gauss(0.0, RESIDUAL_ACCEPT_SD) if self.profile.speculative
+                          else 0.0)
+
+    def accepted(self, remaining: int, acceptance: Acceptance | None = None) -> int:
+        """Tokens one request gets from one decode step (>= 1, <= remaining): with its
+        `acceptance`, drawn from its content's generator at its probability; without, at the
+        profile's accept_p from the sampler's own."""
+        rng, p = (acceptance.rng, acceptance.p) if acceptance else (self._rng, self.profile.accept_p)
         n = 1
         for _ in range(self.profile.spec_steps):
-            if self._rng.random() >= self.profile.accept_p:
+            if rng.random() >= p:
                 break
             n += 1
         return min(n, remaining)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from stackbuild.sim.calibration import SimProfile
-from stackbuild.sim.model import Sampler
+from stackbuild.sim.model import Acceptance, Sampler
 
 MAX_LAG_S = 0.05
 
@@ -35,6 +35,7 @@ class SimRequest:
     out: asyncio.Queue[int] = field(default_factory=asyncio.Queue)  # token counts per step
     accept_steps: int = 0
     cancelled: bool = False
+    acceptance: Acceptance | None = None  # its speculative acceptance (model.Acceptance)
 
     @property
     def remaining(self) -> int:
@@ -164,7 +165,9 @@ class Engine:
             produced = stepped = 0
             for r in self.running:
                 if r.remaining > 0 and not r.cancelled:
-                    n = self.sampler.accepted(r.remaining)
+                    if r.acceptance is None and self.sampler.profile.speculative:
+                        r.acceptance = self.sampler.acceptance(r.token_ids)
+                    n = self.sampler.accepted(r.remaining, r.acceptance)
                     r.accept_steps += 1
                     produced += n
                     stepped += 1

@@ -146,9 +146,13 @@ class GateProfile(BaseModel):
     # to the comparison's variance), and the age past which the deploy re-measures the
     # incumbent before it stops it
     session_drift: float = Field(default=0.01, ge=0, lt=1)
-    # lag-1 autocorrelation of a server's successive runs the test allows for (0: runs are
-    # independent); `gate --plan` shows what the ledger's runs had
-    run_correlation: float = Field(default=0.0, ge=0, lt=0.9)
+    # a stored baseline finished at most this long ago is of this session (the deploy measures
+    # the incumbent right before a swap stops it): paired by run index with no session drift
+    fresh_baseline_s: float = Field(default=3600.0, ge=0)
+    # the largest lag-1 autocorrelation of a server's successive runs the boundaries are sized
+    # for (the test estimates it from the runs and widens its interval by it; 0.4: the
+    # simulator's runs at C=8); `gate --plan` shows what the ledger's runs had
+    run_correlation: float = Field(default=0.4, ge=0, lt=0.9)
     baseline_max_age_s: float = Field(default=7 * 86400.0, gt=0)
     # runs a gate with nothing to compare takes (it may become a stored baseline); None: max_runs.
     # A stored baseline limits the two-sample test to min(n, m) - 1 degrees of freedom: one of
@@ -168,8 +172,9 @@ class GateProfile(BaseModel):
     # capacity under SLOs (stackbuild.gate.capacity): keys ttft_p99_ms, itl_p99_ms, tpot_p99_ms
     slo: dict[str, float] = Field(default_factory=dict)
     capacity_max_concurrency: int = Field(default=256, ge=1)
-    # requests per probed level at least: its p99s get a bootstrap interval over requests
-    capacity_min_requests: int = Field(default=32, ge=1)
+    # requests per probed level at least: a per-request p99 (TTFT, TPOT) has an upper bound
+    # (an order statistic) only from 367 requests (stackbuild.gate.capacity.P99_UPPER_MIN)
+    capacity_min_requests: int = Field(default=400, ge=1)
     # fail when the candidate's capacity under the SLOs is below the incumbent's
     require_capacity: bool = False
     # output agreement with the incumbent (stackbuild.gate.agreement); 0 prompts disables it
