@@ -10,6 +10,7 @@ from stackbuild.gate.result import GateResult
 from stackbuild.host.fake import Behaviour, FakeHost
 from stackbuild.host.state import HostPaths, release_key
 from stackbuild.render.stack import render_unit
+from stackbuild.sim.startup import AllReduceSetup, allreduce_lines
 from stackbuild.spec.load import load_stack
 from stackbuild.spec.stack import Stack
 
@@ -30,8 +31,14 @@ def cuda13() -> Stack:
     return load_stack("cuda13", root=ROOT)
 
 
+# what sglang 0.5.23 logs of its all-reduce on this host with the stack's PCIe-IPC env (the simulator's
+# lines, sim/startup.py): the stack's expect_log holds
+SGLANG = Behaviour(output=("server: loading weights",
+                           *allreduce_lines(AllReduceSetup(tp=8, pcie_ipc_env="1"))))
+
+
 def gpu_host(nofile: str = "1048576", **servers: Behaviour) -> FakeHost:
-    host = fake_host(**servers)
+    host = fake_host(**{"incumbent": SGLANG, "candidate": SGLANG, **servers})
     host.runtimes = '{"nvidia":{"path":"nvidia-container-runtime"},"runc":{"path":"runc"}}'
     host.gpus_csv, host.dockerd_limits = SMI, LIMITS.format(nofile=nofile)
     return host

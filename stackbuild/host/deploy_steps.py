@@ -3,11 +3,12 @@ its secrets, the registry channel, readiness, the dry run's plan, and how long t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stackbuild.effects.readiness import Readiness, wait_ready
 from stackbuild.errors import StackbuildError
 from stackbuild.host import secrets, units
+from stackbuild.host.expect_log import unmet
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.request import DeployRequest, Services
 from stackbuild.host.ssh import Remote
@@ -108,7 +109,8 @@ def stage_secrets(remote: Remote, req: DeployRequest, paths: HostPaths, rep: Dep
             st.detail += f"; neither given nor on the host, the server gets none: {', '.join(missing)}"
 
 
-def readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport) -> Readiness:
+def readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport,
+              since: int | None = None) -> Readiness:
     with rep.step("ready") as st, svc.endpoint(port) as url:
         ready = wait_ready(
             UnitProbe(remote, unit, port, svc.http_probe(url)),
@@ -116,10 +118,24 @@ def readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack,
             ready_deadline_s=stack.runtime.ready_timeout_s,
             pace=svc.pace,
         )
+        if ready.ok and since is not None:
+            ready = expected_path(remote, unit, stack, since, ready)
         st.detail = f"{ready.stage}: {ready.detail}"
     if not ready.ok:
         rep.steps[-1].ok = False
     return ready
+
+
+def expected_path(remote: Remote, unit: str, stack: Stack, since: int, ready: Readiness) -> Readiness:
+    """A server that serves still fails its start when its log does not show the path its variant
+    claims (server.expect_log, read from the unit's journal since `since`): stage "expect-log"."""
+    expect = stack.server.expect_log
+    if not expect:
+        return ready
+    why = unmet(expect, units.logs_since(remote, unit, unit.removesuffix(".service"), since))
+    if why is None:
+        return replace(ready, detail=f"{ready.detail}; startup log shows the expected path")
+    return replace(ready, ok=False, stage="expect-log", detail=why)
 
 
 def dry_plan(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths, p: Placement, staged: str,

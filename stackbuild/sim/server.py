@@ -23,6 +23,7 @@ from stackbuild.sim.calibration import PROFILES, SimProfile
 from stackbuild.sim.faults import Fault
 from stackbuild.sim.generation import Generation, Serving
 from stackbuild.sim.scheduler import Engine, SimRequest
+from stackbuild.sim.startup import AllReduceSetup, allreduce_lines
 
 SGLANG_VERSION = "0.5.23"
 HEALTH_CHECK_TIMEOUT_S = 20  # sglang's SGLANG_HEALTH_CHECK_TIMEOUT default
@@ -49,6 +50,8 @@ class SimOptions:
     enable_metrics: bool = False
     # sglang's --context-length (the model's own when not given)
     context_length: int = CONTEXT_LEN
+    # what it logs about its all-reduce path at startup, as sglang would (sim/startup.py)
+    allreduce: AllReduceSetup = field(default_factory=AllReduceSetup)
 
     @property
     def model_name(self) -> str:
@@ -273,6 +276,8 @@ async def serve(opts: SimOptions, *, ready_msg: bool = True) -> int:
             await asyncio.wait_for(stop.wait(), opts.load_s)
     if stop.is_set():
         return 0
+    for line in allreduce_lines(opts.allreduce):  # sglang logs them while the model runner starts
+        print(line, flush=True)
     server = SimServer(opts)
     server.engine.start()
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False,
