@@ -153,9 +153,10 @@ def test_lock_pins_the_source_commit_and_the_build_tools(
     lock = (root / "stacks" / "locks" / "s.txt").read_text()
     assert "# source: sglang-kernel https://github.com/sgl-project/sglang.git v0.5.23 " + "1" * 40 + "\n" in lock
     tools = build_lock_path(stack).read_text()
-    assert tools.splitlines()[:3] == [
+    assert tools.splitlines()[:4] == [
         "# stackbuild build-tools lock for s; do not edit, regenerate with `stackbuild lock s`",
         f"# inputs-sha256: {t.inputs_hash()}",
+        f"# content-sha256: {resolve.content_hash(tools)}",
         "# what each source stage installs before its build: cmake==3.31.6 scikit-build-core==0.11.5",
     ]
     assert resolved[1].requirements == ("cmake==3.31.6", "scikit-build-core==0.11.5")
@@ -177,5 +178,63 @@ def test_offline_lock_takes_the_commit_from_the_committed_lock(tmp_path: Path, m
         "/s.yaml:10:12: error: https://github.com/sgl-project/sglang.git v0.5.23 is not in the committed "
         "lock; resolve it once without --offline [lock-source]"
     )
-    (root / "stacks" / "locks" / "s.txt").write_text(resolve.header(t, "s", [], {"sglang-kernel": "2" * 40}))
+    (root / "stacks" / "locks" / "s.txt").write_text(resolve.seal(resolve.header(t, "s", [], {"sglang-kernel": "2" * 40})))
     assert run._commits(load_stack("s", root=root), t, offline=True) == {"sglang-kernel": "2" * 40}
+
+
+def _shipped_copy(tmp_path: Path) -> Path:
+    import shutil
+
+    shutil.copytree(ROOT / "stacks", tmp_path / "stacks")
+    return tmp_path
+
+
+def test_a_hand_edited_pin_is_stale_in_check_and_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _shipped_copy(tmp_path)
+    lock = root / "stacks" / "locks" / "cuda13.txt"
+    text = lock.read_text()
+    assert "\nfilelock==4.3.2 \\\n" in text
+    lock.write_text(text.replace("\nfilelock==4.3.2 \\\n", "\nfilelock==4.3.1 \\\n"))
+    have = resolve.content_hash(lock.read_text())
+    said = resolve.parse(text).content_hash
+    assert said is not None
+    stale = (f"stacks/cuda13.yaml:13:1: error: stacks/locks/cuda13.txt was edited after it was resolved (its pins "
+             f"hash to {have[:12]}, its header says {said[:12]}); run `stackbuild lock cuda13` [lock-stale]")
+    rc, err, out = run_cli(capsys, "--root", str(root), "lock", "--check", "cuda13")
+    assert (rc, err, out) == (1, [stale], "")
+    rc, err, _ = run_cli(capsys, "--root", str(root), "validate", "--offline", "cuda13")
+    assert rc == 2 and stale in err, err
+
+
+def test_a_native_pin_that_no_longer_names_its_audited_file_is_stale(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the content hash updated by hand too: the committed audit still records which file was resolved
+    root = _shipped_copy(tmp_path)
+    lock = root / "stacks" / "locks" / "cuda13.txt"
+    lock.write_text(resolve.seal(lock.read_text().replace("\nxxhash==", "\nxxhash==0.0.1.dev0+was-")))
+    rc, err, _ = run_cli(capsys, "--root", str(root), "lock", "--check", "cuda13")
+    assert rc == 1 and len(err) == 1, err
+    assert err[0].startswith("stacks/cuda13.yaml:")
+    assert "error: xxhash==0.0.1.dev0+was-" in err[0] and "does not name the file the lock audited (xxhash-" in err[0]
+    assert err[0].endswith("the pin was changed after it was resolved; run `stackbuild lock cuda13` [lock-stale]")
+
+
+def test_a_lock_without_a_content_hash_is_stale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _shipped_copy(tmp_path)
+    lock = root / "stacks" / "locks" / "cuda12.8.txt"
+    lock.write_text("".join(ln for ln in lock.read_text().splitlines(keepends=True)
+                            if not ln.startswith("# content-sha256: ")))
+    rc, err, _ = run_cli(capsys, "--root", str(root), "lock", "--check", "cuda12.8")
+    assert (rc, err) == (1, [
+        "stacks/cuda12.8.yaml:13:1: error: stacks/locks/cuda12.8.txt has no content-sha256 in its header (not "
+        "written by this stackbuild); run `stackbuild lock cuda12.8` [lock-stale]"])
+
+
+def test_seal_records_the_content_once_after_the_inputs() -> None:
+    text = "# stackbuild lock for s\n# inputs-sha256: " + "a" * 64 + "\n# target: x\nsix==1.0 \\\n    --hash=sha256:" \
+        + "b" * 64 + "\n"
+    sealed = resolve.seal(text)
+    assert sealed.splitlines()[2] == "# content-sha256: " + resolve.content_hash(text)
+    assert resolve.seal(sealed) == sealed and resolve.parse(sealed).edited() is None
+    assert resolve.content_hash(text) == __import__("hashlib").sha256(b"six==1.0 \\\n    --hash=sha256:" + b"b" * 64
+                                                                      + b"\n").hexdigest()

@@ -113,7 +113,9 @@ def freshness(stack: Stack, t: Target | None, lock: Lock | None) -> list[Finding
     if lock.inputs_hash != t.inputs_hash():
         msg = f"{rel} was resolved for other inputs (components, python, platform, indexes); run `{cmd}`"
         return [Finding(pos.file, pos.line, pos.col, "error", msg, "lock-stale")]
-    return []
+    if why := lock.edited():
+        return [Finding(pos.file, pos.line, pos.col, "error", f"{rel} {why}; run `{cmd}`", "lock-stale")]
+    return pins_against_audit(stack, lock, committed_audits(stack))
 
 
 def build_tools_fresh(stack: Stack, t: Target | None) -> list[Finding]:
@@ -121,11 +123,13 @@ def build_tools_fresh(stack: Stack, t: Target | None) -> list[Finding]:
     if t is None or not t.build_tools:
         return []
     p = build_lock_path(stack)
-    have = parse(p.read_text(encoding="utf-8")).inputs_hash if p.is_file() else None
-    if have == t.inputs_hash():
+    tools = parse(p.read_text(encoding="utf-8")) if p.is_file() else None
+    have = tools.inputs_hash if tools else None
+    edited = tools.edited() if tools and have == t.inputs_hash() else None
+    if have == t.inputs_hash() and edited is None:
         return []
     pos = positions(stack).keys.get(("components",)) or positions(stack).pos(("components",))
-    why = "is missing" if have is None else "was resolved for other inputs"
+    why = "is missing" if have is None else edited or "was resolved for other inputs"
     msg = f"stacks/locks/{p.name} (the source stages' hash-pinned build tools) {why}; run `{lock_command(stack)}`"
     return [Finding(pos.file, pos.line, pos.col, "error", msg, "lock-missing" if have is None else "lock-stale")]
 
@@ -262,6 +266,26 @@ def unaudited(stack: Stack, lock: Lock, audits: dict[str, auditmod.WheelAudit]) 
             "audit-missing",
         )
     ]
+
+
+def pins_against_audit(stack: Stack, lock: Lock, audits: dict[str, auditmod.WheelAudit]) -> list[Finding]:
+    """Each native pin against what the resolver's files were when audited (the committed audit records each
+    file's name and sha256): a pin whose version or hashes no longer name the audited file was changed."""
+    out = []
+    for name in native_names(lock):
+        e, a = lock.entries.get(name), audits.get(name)
+        if e is None or a is None:
+            continue  # a native name with no pin, or no audit: `unaudited` says so
+        parts = a.wheel.removesuffix(".whl").split("-")  # NAME-VERSION(-BUILD)?-PY-ABI-PLATFORM (PEP 427)
+        version = parts[1] if len(parts) >= 5 else e.version
+        if a.sha256 in e.hashes and version == e.version:
+            continue
+        w, _ = _component_pos(stack, lock, e.name)
+        msg = (f"{e.name}=={e.version} in {lock_path(stack).name} does not name the file the lock audited "
+               f"({a.wheel}, sha256 {a.sha256[:12]}): the pin was changed after it was resolved; "
+               f"run `{lock_command(stack)}`")
+        out.append(_finding(w, "error", msg, "lock-stale"))
+    return out
 
 
 def native_names(lock: Lock) -> list[str]:

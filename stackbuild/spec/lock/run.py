@@ -92,7 +92,7 @@ def _tools(stack: Stack, t: Target, lock: Lock, offline: bool) -> str | None:
         f"# inputs-sha256: {t.inputs_hash()}\n"
         f"# what each source stage installs before its build: {' '.join(t.build_tools)}\n"
     )
-    return head + resolve.resolve(t.tools_target(pins), offline=offline)
+    return resolve.seal(head + resolve.resolve(t.tools_target(pins), offline=offline))
 
 
 def _table(stack: Stack, offline: bool) -> Table | None:
@@ -130,7 +130,7 @@ def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str],
             audits[n] = known if known is not None and known.sha256 == w.sha256 else auditmod.audit_cached(
                 w.sha256, w.name, lambda w=w: wheels.fetch(w)  # type: ignore[misc]
             )
-    text = resolve.header(t, stack.name, natives, commits) + body
+    text = resolve.seal(resolve.header(t, stack.name, natives, commits) + body)
     lock = resolve.parse(text)
     findings = check.cuda_packages(stack, lock) + check.audit_findings(stack, lock, audits)
     findings += check.unaudited(stack, lock, audits)
