@@ -178,7 +178,8 @@ def test_offline_lock_takes_the_commit_from_the_committed_lock(tmp_path: Path, m
         "/s.yaml:10:12: error: https://github.com/sgl-project/sglang.git v0.5.23 is not in the committed "
         "lock; resolve it once without --offline [lock-source]"
     )
-    (root / "stacks" / "locks" / "s.txt").write_text(resolve.seal(resolve.header(t, "s", [], {"sglang-kernel": "2" * 40})))
+    (root / "stacks" / "locks" / "s.txt").write_text(
+        resolve.seal(resolve.header(t, "s", [], {"sglang-kernel": "2" * 40})))
     assert run._commits(load_stack("s", root=root), t, offline=True) == {"sglang-kernel": "2" * 40}
 
 

@@ -53,7 +53,8 @@ class Lock:
             return "has no content-sha256 in its header (not written by this stackbuild)"
         have = content_hash(self.text)
         if have != self.content_hash:
-            return f"was edited after it was resolved (its pins hash to {have[:12]}, its header says {self.content_hash[:12]})"
+            return (f"was edited after it was resolved (its pins hash to {have[:12]}, "
+                    f"its header says {self.content_hash[:12]})")
         return None
 
     def roots(self, name: str, tops: set[str]) -> list[str]:
