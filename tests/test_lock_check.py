@@ -108,7 +108,10 @@ def test_a_ref_resolves_to_the_commit_clone_would_check_out(repo: tuple[str, dic
     assert source.resolve_ref(url, "v2") == ids["annotated"]  # the commit, not the tag object
     assert source.resolve_ref(url, "both") == ids["both"]  # clone --branch takes the branch first
     assert source.resolve_ref(url, "main") == ids["both"]
-    assert source.resolve_ref(url, "f" * 40) == "f" * 40  # a commit names itself, nothing asked
+    # a commit id names itself once the repository is shown to have it: fetched by id, as the build will
+    assert source.resolve_ref(url, ids["annotated"]) == ids["annotated"]
+    with pytest.raises(InputError, match=f"^{url} has no commit {'f' * 40}; fix source.ref$"):
+        source.resolve_ref(url, "f" * 40)
     with pytest.raises(InputError, match=r"has no branch or tag 'v9'; fix source.ref"):
         source.resolve_ref(url, "v9")
 
@@ -160,7 +163,7 @@ def test_lock_pins_the_source_commit_and_the_build_tools(
         "# what each source stage installs before its build: cmake==3.31.6 scikit-build-core==0.11.5",
     ]
     assert resolved[1].requirements == ("cmake==3.31.6", "scikit-build-core==0.11.5")
-    assert resolved[1].constraints == ("torch==2.14.1", "packaging==26.4")  # the closure's own pins
+    assert resolved[1].constraints == ()  # resolved apart from the closure: a tool may differ from its pin
     assert resolved[1].exclude_newer == "2026-12-02T00:00:00Z" and resolved[1].platform == t.platform
     assert run_cli(capsys, "--root", str(root), "lock", "--check", "s")[:2] == (0, [])
 
@@ -239,3 +242,27 @@ def test_seal_records_the_content_once_after_the_inputs() -> None:
     assert resolve.seal(sealed) == sealed and resolve.parse(sealed).edited() is None
     assert resolve.content_hash(text) == __import__("hashlib").sha256(b"six==1.0 \\\n    --hash=sha256:" + b"b" * 64
                                                                       + b"\n").hexdigest()
+
+
+def test_a_commit_ref_is_fetched_by_id_in_the_build(tmp_path: Path) -> None:
+    from stackbuild.render.stack import render_stack
+
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    root = project(tmp_path, {"s.yaml": DATED.replace("  sgl_kernel: {version: 0.4.10}\n",
+                                                      SGL_SOURCE.replace("v0.5.23", sha))})
+    dockerfile = render_stack(load_stack("s", root=root)).files["Dockerfile"]
+    assert "--branch" not in dockerfile
+    assert (
+        "    && git init --quiet /src/sgl_kernel \\\n"
+        f"    && git -C /src/sgl_kernel fetch --quiet --depth 1 -- {SGL_REPO} {sha} \\\n"
+        "    && git -C /src/sgl_kernel checkout --quiet FETCH_HEAD \\\n"
+        "    && git -C /src/sgl_kernel submodule update --init --recursive --depth 1 \\\n") in dockerfile
+    assert source.fetch_commit_argv("/src/x", SGL_REPO, sha) == [
+        "git", "-C", "/src/x", "fetch", "--quiet", "--depth", "1", "--", SGL_REPO, sha]
+
+
+def test_a_commit_fetch_that_fails_for_another_reason_is_infrastructure() -> None:
+    fake = FakeRun().on(["git", "init"]).on(["git", "-C"], returncode=128,
+                                            stderr="fatal: unable to access 'https://h/r.git/': Could not resolve host")
+    with pytest.raises(InfraError, match=r"cannot fetch a{40} from https://h/r\.git"):
+        source.resolve_ref("https://h/r.git", "a" * 40, run=fake)

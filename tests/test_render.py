@@ -297,3 +297,15 @@ def test_an_sm90_stack_renders_a_non_empty_torch_arch_list(tmp_path: Path) -> No
     assert '    TORCH_CUDA_ARCH_LIST="9.0a;12.0+PTX"\n' in dockerfile
     root = project(tmp_path / "h", {"s.yaml": BASE.replace("arches: [sm_120]", "arches: [sm_90]")})
     assert '    TORCH_CUDA_ARCH_LIST="9.0+PTX"\n' in render_stack(load_stack("s", root=root)).files["Dockerfile"]
+
+
+@pytest.mark.parametrize(("change", "word"), [
+    (("model_path: /models/m", "model_path: /models/Qwen3.5-397B-A17B-NVFP4"), "9.0a;12.0a+PTX"),
+    (("    --tp-size: 8\n", "    --tp-size: 8\n    --quantization: modelopt_fp4\n"), "9.0a;12.0a+PTX"),
+    (("model_path: /models/m", "model_path: /models/m-bf16"), "9.0a;12.0+PTX"),
+])
+def test_fp4_takes_the_arch_specific_blackwell_target(tmp_path: Path, change: tuple[str, str], word: str) -> None:
+    """FP4 MMA exists only in sm_120a (CUTLASS_ARCH_MMA_SM120_SUPPORTED): an FP4 stack's extensions build 12.0a."""
+    text = BASE.replace("arches: [sm_120]", "arches: [sm_90a, sm_120]").replace(*change)
+    root = project(tmp_path, {"s.yaml": text})
+    assert f'    TORCH_CUDA_ARCH_LIST="{word}"\n' in render_stack(load_stack("s", root=root)).files["Dockerfile"]

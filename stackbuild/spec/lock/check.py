@@ -10,7 +10,7 @@ from pathlib import Path
 from stackbuild.errors import Finding
 from stackbuild.spec import sglang
 from stackbuild.spec.components import COMPONENTS, dist_of
-from stackbuild.spec.facts import driver_floor
+from stackbuild.spec.facts import NCCL_ISSUES, driver_floor
 from stackbuild.spec.load import positions
 from stackbuild.spec.lock import audit as auditmod
 from stackbuild.spec.lock.resolve import Lock, canon, parse
@@ -33,8 +33,10 @@ def cuda_major_of_package(name: str, version: str) -> int | None:
 
 
 # Toolkit pieces whose version is the CUDA release they come from (12.8.93 is CUDA 12.8).
+# nvidia-cuda-cccl (CUB/Thrust/libcu++ headers) too: code built against 13.3's headers in a 13.0 image
+# mixes toolkit minors the way the compiler pieces do.
 _TOOLKIT = ("nvidia-cuda-nvcc", "nvidia-nvjitlink", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime",
-            "nvidia-cuda-nvrtc")  # fmt: skip
+            "nvidia-cuda-nvrtc", "nvidia-cuda-cccl")  # fmt: skip
 
 
 def toolkit_release(name: str, version: str) -> tuple[int, int] | None:
@@ -288,6 +290,31 @@ def pins_against_audit(stack: Stack, lock: Lock, audits: dict[str, auditmod.Whee
     return out
 
 
+def nccl_of(lock: Lock) -> tuple[str, str] | None:
+    """(distribution, version) of the NCCL the image carries (nvidia-nccl-cuXX, the one torch loads), if locked."""
+    e = next((e for n, e in sorted(lock.entries.items()) if re.fullmatch(r"nvidia-nccl-cu\d+", n)), None)
+    return (e.name, e.version) if e else None
+
+
+def nccl_findings(stack: Stack, lock: Lock) -> list[Finding]:
+    """The locked NCCL against the public bugs on the users' cards (facts.NCCL_ISSUES), for a TP stack on sm_120."""
+    nccl = nccl_of(lock)
+    if nccl is None or "sm_120" not in stack.arches or stack.runtime.tp < 2:
+        return []
+    name, version = nccl
+    have = tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+    out = []
+    for bug in NCCL_ISSUES:
+        if have < bug.first or (bug.fixed is not None and have >= bug.fixed):
+            continue
+        w, root = _component_pos(stack, lock, name)
+        fix = (f"; {'.'.join(map(str, bug.fixed))} is reported good: raise it with lock.constraints where "
+               f"{root}'s own pin allows" if bug.fixed else "")
+        out.append(_finding(w, "warning", f"{name}=={version} (pulled in by {root}), TP {stack.runtime.tp} on "
+                                          f"sm_120: {bug.issue}: {bug.what}{fix}", "nccl-known-bug"))
+    return out
+
+
 def native_names(lock: Lock) -> list[str]:
     """Entries the audit file lists as native (recorded at lock time; a pure-Python wheel has none)."""
     marker = re.compile(r"^# native: (.+)$", re.MULTILINE)
@@ -303,4 +330,5 @@ def check_lock(stack: Stack) -> list[Finding]:
     if out or lock is None:
         return out
     audits = committed_audits(stack)
-    return cuda_packages(stack, lock) + audit_findings(stack, lock, audits) + unaudited(stack, lock, audits)
+    return (cuda_packages(stack, lock) + audit_findings(stack, lock, audits) + unaudited(stack, lock, audits)
+            + nccl_findings(stack, lock))
