@@ -12,7 +12,7 @@ import pytest
 from stackbuild.cli.main import main
 
 BASE = """\
-base_image: nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
+base_image: nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04@sha256:""" + "5e" * 32 + """
 cuda: "13.0.1"
 arches: [sm_120]
 components:

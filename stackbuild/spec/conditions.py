@@ -141,7 +141,7 @@ def fi_aot_build(s: Stack) -> Iterator[Hit]:
         return
     if c.source is not None:
         yield ("components", "flashinfer", "aot"), {"why": "it compiles the locked wheel's sources: drop source:"}
-    elif "devel" not in s.base_image.rsplit(":", 1)[-1]:
+    elif "devel" not in s.base_image.split("@", 1)[0].rsplit(":", 1)[-1]:  # the tag, not a digest
         why = f"it needs nvcc, which {s.base_image} lacks: use a -devel- base"
         yield ("components", "flashinfer", "aot"), {"why": why}
 
@@ -312,6 +312,12 @@ def nvfp4_moe_cuda12(s: Stack) -> Iterator[Hit]:
     backend = s.server.flags.get("--moe-runner-backend")
     if (sm120(s) and s.cuda_mm and s.cuda_mm < (13, 0) and uses_fp4(s) and backend == "flashinfer_cutlass"):
         yield ("server", "flags", "--moe-runner-backend"), {"cuda": s.cuda}
+
+
+def base_by_tag(s: Stack) -> Iterator[Hit]:
+    """A GPU stack's base image named by tag only (the simulator's is a local import with no registry digest)."""
+    if s.server.engine == "sglang" and "@sha256:" not in s.base_image:
+        yield ("base_image",), {"image": s.base_image}
 
 
 def nccl_tree_graphs(s: Stack) -> Iterator[Hit]:

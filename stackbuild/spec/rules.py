@@ -218,6 +218,15 @@ RULES: tuple[Rule, ...] = (
         "sglang needs one GPU per TP rank",
     ),
     Rule(
+        "base-image-digest",
+        "warning",
+        cond.base_by_tag,
+        "base_image '{image}' is unpinned (a tag, not a digest): the registry can move it, and nothing records "
+        "which image a build used; pin it: `docker buildx imagetools inspect {image}` (or `docker pull` then "
+        "`docker image inspect --format '{{{{index .RepoDigests 0}}}}'`) and write {image}@sha256:DIGEST",
+        "docker: a tag is mutable, a digest names one image (FROM NAME:TAG@sha256:D builds exactly D)",
+    ),
+    Rule(
         "base-image-cuda",
         "error",
         cond.base_cuda,
