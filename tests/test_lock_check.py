@@ -266,3 +266,15 @@ def test_a_commit_fetch_that_fails_for_another_reason_is_infrastructure() -> Non
                                             stderr="fatal: unable to access 'https://h/r.git/': Could not resolve host")
     with pytest.raises(InfraError, match=r"cannot fetch a{40} from https://h/r\.git"):
         source.resolve_ref("https://h/r.git", "a" * 40, run=fake)
+
+
+def test_the_lock_says_whether_its_base_image_is_pinned() -> None:
+    t = target_of(load_stack("cuda13", root=ROOT))
+    assert t is not None
+    tag = "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"
+    assert f"# base image: {tag} (unpinned: a tag, not a digest; `stackbuild validate cuda13` says how to pin " \
+           "it)\n" in resolve.header(t, "cuda13", [], base=tag)
+    pinned = f"{tag}@sha256:{'ab' * 32}"
+    assert f"# base image: {pinned}\n" in resolve.header(t, "cuda13", [], base=pinned)
+    shipped = (ROOT / "stacks" / "locks" / "cuda13.txt").read_text()
+    assert f"# base image: {tag} (unpinned" in shipped

@@ -112,10 +112,16 @@ def uv_argv(t: Target, requirements: Path, constraints: Path | None, out: Path, 
     return argv
 
 
-def header(t: Target, stack_name: str, native: list[str], commits: dict[str, str] | None = None) -> str:
-    """The lock's header; `commits` (dist -> commit) are the source builds' refs resolved at lock time."""
+def header(t: Target, stack_name: str, native: list[str], commits: dict[str, str] | None = None,
+           base: str | None = None) -> str:
+    """The lock's header; `commits` (dist -> commit) are the source builds' refs resolved at lock time; `base`
+    the base image the closure is installed on, said to be unpinned when it is named by tag."""
     built = ", ".join(t.source_built) or "none"
     sources = "".join(f"# source: {d} {repo} {ref} {(commits or {}).get(d, '?')}\n" for d, repo, ref in t.sources)
+    if base is not None:
+        pinned = "@sha256:" in base
+        sources = f"# base image: {base}" + ("" if pinned else " (unpinned: a tag, not a digest; `stackbuild "
+                                                             f"validate {stack_name}` says how to pin it)") + "\n" + sources
     return (
         f"{HEADER} for {stack_name}; do not edit, regenerate with `stackbuild lock {stack_name}`\n"
         f"# inputs-sha256: {t.inputs_hash()}\n"

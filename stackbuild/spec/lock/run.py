@@ -129,7 +129,7 @@ def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str],
             audits[n] = known if known is not None and known.sha256 == w.sha256 else auditmod.audit_cached(
                 w.sha256, w.name, lambda w=w: wheels.fetch(w)  # type: ignore[misc]
             )
-    text = resolve.seal(resolve.header(t, stack.name, natives, commits) + body)
+    text = resolve.seal(resolve.header(t, stack.name, natives, commits, base=stack.base_image) + body)
     lock = resolve.parse(text)
     findings = check.cuda_packages(stack, lock) + check.audit_findings(stack, lock, audits)
     findings += check.unaudited(stack, lock, audits)
