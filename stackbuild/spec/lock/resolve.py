@@ -119,9 +119,8 @@ def header(t: Target, stack_name: str, native: list[str], commits: dict[str, str
     built = ", ".join(t.source_built) or "none"
     sources = "".join(f"# source: {d} {repo} {ref} {(commits or {}).get(d, '?')}\n" for d, repo, ref in t.sources)
     if base is not None:
-        pinned = "@sha256:" in base
-        sources = f"# base image: {base}" + ("" if pinned else " (unpinned: a tag, not a digest; `stackbuild "
-                                                             f"validate {stack_name}` says how to pin it)") + "\n" + sources
+        unpinned = f" (unpinned: a tag, not a digest; `stackbuild validate {stack_name}` says how to pin it)"
+        sources = f"# base image: {base}{'' if '@sha256:' in base else unpinned}\n" + sources
     return (
         f"{HEADER} for {stack_name}; do not edit, regenerate with `stackbuild lock {stack_name}`\n"
         f"# inputs-sha256: {t.inputs_hash()}\n"
