@@ -12,7 +12,7 @@ import pytest
 from stackbuild.cli.main import main
 
 BASE = """\
-base_image: nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
+base_image: nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04@sha256:""" + "5e" * 32 + """
 cuda: "13.0.1"
 arches: [sm_120]
 components:
@@ -50,7 +50,7 @@ def write_empty_lock(root: Path, name: str, body: str = "") -> None:
     """A lock whose inputs match the stack, with `body` as its resolved part."""
     from stackbuild.errors import SpecError
     from stackbuild.spec.load import load_stack
-    from stackbuild.spec.lock.resolve import header
+    from stackbuild.spec.lock.resolve import header, seal
     from stackbuild.spec.lock.target import build_lock_path, lock_path, target_of
 
     try:
@@ -60,9 +60,9 @@ def write_empty_lock(root: Path, name: str, body: str = "") -> None:
     t = target_of(stack)
     if t is not None:
         lock_path(stack).parent.mkdir(parents=True, exist_ok=True)
-        lock_path(stack).write_text(header(t, name, []) + body)
+        lock_path(stack).write_text(seal(header(t, name, []) + body))
         if t.build_tools:  # the source stages' build tools, resolved for the same inputs
-            build_lock_path(stack).write_text(header(t, name, []))
+            build_lock_path(stack).write_text(seal(header(t, name, [])))
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str, cwd: Path | None = None) -> tuple[int, list[str], str]:

@@ -24,7 +24,7 @@ NEW_ENTRY = """    Entry("quack", dist="quack-kernels", module="quack", build_to
           source_subdir="python", cmake_defines=(("QUACK_ARCHS", "120"),)),
 """
 STACK = """\
-base_image: nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
+base_image: nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04@sha256:""" + "5e" * 32 + """
 cuda: "13.0.1"
 arches: [sm_120]
 components:

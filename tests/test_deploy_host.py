@@ -63,6 +63,9 @@ def test_first_deploy_promotes_then_status(project: Project) -> None:
 FAILURES = [
     ("swap", "crash", "candidate crashed on start", "no-kernel-image"),
     ("side-by-side", "slower", "slower than the incumbent", None),
+    # serves, but its journal shows the fallback its variant rules out: a start failure with that line
+    ("swap", "trtllm", "candidate serves, but not on the path its variant claims: the startup log shows "
+     "'FlashInfer workspace preflight probe failed' (sglang 0.5.23 srt/layers/flashinfer_comm_fusion.py:368)", None),
 ]
 
 

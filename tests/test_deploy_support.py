@@ -155,6 +155,17 @@ variants:
   badflag: {{server: {{flags: {{--no-such-flag: 1}}}}}}
   slowload: {{server: {{flags: {{--load-s: 5}}}}}}
   needgpu: {{runtime: {{gpus: 1}}}}
+  # claims FlashInfer's trtllm all-reduce at TP 8; the simulator, like sglang 0.5.23 on cards without
+  # multicast, logs the failed workspace preflight (and runs NCCL)
+  trtllm:
+    runtime: {{tp: 8}}
+    server:
+      flags: {{--tp-size: 8, --flashinfer-allreduce-fusion-backend: auto}}
+      env: {{SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: "0"}}
+      expect_log:
+        absent:
+          - {{text: "FlashInfer workspace preflight probe failed",
+             source: "sglang 0.5.23 srt/layers/flashinfer_comm_fusion.py:368"}}
 """
 
 

@@ -99,7 +99,8 @@ def test_aot_needs_nvcc_in_the_base(tmp_path: Path, capsys: pytest.CaptureFixtur
         2,
         [
             "stacks/s.yaml:7:32: error: flashinfer aot: it needs nvcc, which "
-            "nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04 lacks: use a -devel- base [flashinfer-aot-build]"
+            f"nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04@sha256:{'5e' * 32} lacks: use a -devel- base "
+            "[flashinfer-aot-build]"
         ],
     )
 

@@ -108,7 +108,10 @@ def test_a_ref_resolves_to_the_commit_clone_would_check_out(repo: tuple[str, dic
     assert source.resolve_ref(url, "v2") == ids["annotated"]  # the commit, not the tag object
     assert source.resolve_ref(url, "both") == ids["both"]  # clone --branch takes the branch first
     assert source.resolve_ref(url, "main") == ids["both"]
-    assert source.resolve_ref(url, "f" * 40) == "f" * 40  # a commit names itself, nothing asked
+    # a commit id names itself once the repository is shown to have it: fetched by id, as the build will
+    assert source.resolve_ref(url, ids["annotated"]) == ids["annotated"]
+    with pytest.raises(InputError, match=f"^{url} has no commit {'f' * 40}; fix source.ref$"):
+        source.resolve_ref(url, "f" * 40)
     with pytest.raises(InputError, match=r"has no branch or tag 'v9'; fix source.ref"):
         source.resolve_ref(url, "v9")
 
@@ -153,13 +156,14 @@ def test_lock_pins_the_source_commit_and_the_build_tools(
     lock = (root / "stacks" / "locks" / "s.txt").read_text()
     assert "# source: sglang-kernel https://github.com/sgl-project/sglang.git v0.5.23 " + "1" * 40 + "\n" in lock
     tools = build_lock_path(stack).read_text()
-    assert tools.splitlines()[:3] == [
+    assert tools.splitlines()[:4] == [
         "# stackbuild build-tools lock for s; do not edit, regenerate with `stackbuild lock s`",
         f"# inputs-sha256: {t.inputs_hash()}",
+        f"# content-sha256: {resolve.content_hash(tools)}",
         "# what each source stage installs before its build: cmake==3.31.6 scikit-build-core==0.11.5",
     ]
     assert resolved[1].requirements == ("cmake==3.31.6", "scikit-build-core==0.11.5")
-    assert resolved[1].constraints == ("torch==2.14.1", "packaging==26.4")  # the closure's own pins
+    assert resolved[1].constraints == ()  # resolved apart from the closure: a tool may differ from its pin
     assert resolved[1].exclude_newer == "2026-12-02T00:00:00Z" and resolved[1].platform == t.platform
     assert run_cli(capsys, "--root", str(root), "lock", "--check", "s")[:2] == (0, [])
 
@@ -177,5 +181,100 @@ def test_offline_lock_takes_the_commit_from_the_committed_lock(tmp_path: Path, m
         "/s.yaml:10:12: error: https://github.com/sgl-project/sglang.git v0.5.23 is not in the committed "
         "lock; resolve it once without --offline [lock-source]"
     )
-    (root / "stacks" / "locks" / "s.txt").write_text(resolve.header(t, "s", [], {"sglang-kernel": "2" * 40}))
+    (root / "stacks" / "locks" / "s.txt").write_text(
+        resolve.seal(resolve.header(t, "s", [], {"sglang-kernel": "2" * 40})))
     assert run._commits(load_stack("s", root=root), t, offline=True) == {"sglang-kernel": "2" * 40}
+
+
+def _shipped_copy(tmp_path: Path) -> Path:
+    import shutil
+
+    shutil.copytree(ROOT / "stacks", tmp_path / "stacks")
+    return tmp_path
+
+
+def test_a_hand_edited_pin_is_stale_in_check_and_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _shipped_copy(tmp_path)
+    lock = root / "stacks" / "locks" / "cuda13.txt"
+    text = lock.read_text()
+    assert "\nfilelock==4.3.2 \\\n" in text
+    lock.write_text(text.replace("\nfilelock==4.3.2 \\\n", "\nfilelock==4.3.1 \\\n"))
+    have = resolve.content_hash(lock.read_text())
+    said = resolve.parse(text).content_hash
+    assert said is not None
+    stale = (f"stacks/cuda13.yaml:13:1: error: stacks/locks/cuda13.txt was edited after it was resolved (its pins "
+             f"hash to {have[:12]}, its header says {said[:12]}); run `stackbuild lock cuda13` [lock-stale]")
+    rc, err, out = run_cli(capsys, "--root", str(root), "lock", "--check", "cuda13")
+    assert (rc, err, out) == (1, [stale], "")
+    rc, err, _ = run_cli(capsys, "--root", str(root), "validate", "--offline", "cuda13")
+    assert rc == 2 and stale in err, err
+
+
+def test_a_native_pin_that_no_longer_names_its_audited_file_is_stale(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the content hash updated by hand too: the committed audit still records which file was resolved
+    root = _shipped_copy(tmp_path)
+    lock = root / "stacks" / "locks" / "cuda13.txt"
+    lock.write_text(resolve.seal(lock.read_text().replace("\nxxhash==", "\nxxhash==0.0.1.dev0+was-")))
+    rc, err, _ = run_cli(capsys, "--root", str(root), "lock", "--check", "cuda13")
+    assert rc == 1 and len(err) == 1, err
+    assert err[0].startswith("stacks/cuda13.yaml:")
+    assert "error: xxhash==0.0.1.dev0+was-" in err[0] and "does not name the file the lock audited (xxhash-" in err[0]
+    assert err[0].endswith("the pin was changed after it was resolved; run `stackbuild lock cuda13` [lock-stale]")
+
+
+def test_a_lock_without_a_content_hash_is_stale(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _shipped_copy(tmp_path)
+    lock = root / "stacks" / "locks" / "cuda12.8.txt"
+    lock.write_text("".join(ln for ln in lock.read_text().splitlines(keepends=True)
+                            if not ln.startswith("# content-sha256: ")))
+    rc, err, _ = run_cli(capsys, "--root", str(root), "lock", "--check", "cuda12.8")
+    assert (rc, err) == (1, [
+        "stacks/cuda12.8.yaml:13:1: error: stacks/locks/cuda12.8.txt has no content-sha256 in its header (not "
+        "written by this stackbuild); run `stackbuild lock cuda12.8` [lock-stale]"])
+
+
+def test_seal_records_the_content_once_after_the_inputs() -> None:
+    text = "# stackbuild lock for s\n# inputs-sha256: " + "a" * 64 + "\n# target: x\nsix==1.0 \\\n    --hash=sha256:" \
+        + "b" * 64 + "\n"
+    sealed = resolve.seal(text)
+    assert sealed.splitlines()[2] == "# content-sha256: " + resolve.content_hash(text)
+    assert resolve.seal(sealed) == sealed and resolve.parse(sealed).edited() is None
+    assert resolve.content_hash(text) == __import__("hashlib").sha256(b"six==1.0 \\\n    --hash=sha256:" + b"b" * 64
+                                                                      + b"\n").hexdigest()
+
+
+def test_a_commit_ref_is_fetched_by_id_in_the_build(tmp_path: Path) -> None:
+    from stackbuild.render.stack import render_stack
+
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    root = project(tmp_path, {"s.yaml": DATED.replace("  sgl_kernel: {version: 0.4.10}\n",
+                                                      SGL_SOURCE.replace("v0.5.23", sha))})
+    dockerfile = render_stack(load_stack("s", root=root)).files["Dockerfile"]
+    assert "--branch" not in dockerfile
+    assert (
+        "    && git init --quiet /src/sgl_kernel \\\n"
+        f"    && git -C /src/sgl_kernel fetch --quiet --depth 1 -- {SGL_REPO} {sha} \\\n"
+        "    && git -C /src/sgl_kernel checkout --quiet FETCH_HEAD \\\n"
+        "    && git -C /src/sgl_kernel submodule update --init --recursive --depth 1 \\\n") in dockerfile
+    assert source.fetch_commit_argv("/src/x", SGL_REPO, sha) == [
+        "git", "-C", "/src/x", "fetch", "--quiet", "--depth", "1", "--", SGL_REPO, sha]
+
+
+def test_a_commit_fetch_that_fails_for_another_reason_is_infrastructure() -> None:
+    fake = FakeRun().on(["git", "init"]).on(["git", "-C"], returncode=128,
+                                            stderr="fatal: unable to access 'https://h/r.git/': Could not resolve host")
+    with pytest.raises(InfraError, match=r"cannot fetch a{40} from https://h/r\.git"):
+        source.resolve_ref("https://h/r.git", "a" * 40, run=fake)
+
+
+def test_the_lock_says_whether_its_base_image_is_pinned() -> None:
+    t = target_of(load_stack("cuda13", root=ROOT))
+    assert t is not None
+    tag = "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"
+    assert f"# base image: {tag} (unpinned: a tag, not a digest; `stackbuild validate cuda13` says how to pin " \
+           "it)\n" in resolve.header(t, "cuda13", [], base=tag)
+    pinned = f"{tag}@sha256:{'ab' * 32}"
+    assert f"# base image: {pinned}\n" in resolve.header(t, "cuda13", [], base=pinned)
+    shipped = (ROOT / "stacks" / "locks" / "cuda13.txt").read_text()
+    assert f"# base image: {tag} (unpinned" in shipped

@@ -61,7 +61,8 @@ def test_lock_writes_lock_and_audit_and_prints_the_table(
     # the table beside the lock is the release's own, for `validate --offline` in a fresh clone
     assert sglang.committed_table("0.5.23", root) == sglang.committed_table("0.5.23")
     text = (root / "stacks" / "locks" / "s.txt").read_text()
-    assert text.splitlines()[4] == "# native: torch"
+    assert text.splitlines()[5] == "# native: torch"
+    assert text.splitlines()[2] == f"# content-sha256: {resolve.content_hash(text)}"
     assert text.endswith(fake_index["body"])
     assert run_cli(capsys, "--root", str(root), "validate", "s")[:2] == (0, [])
     # offline: natives from the committed lock, audits from the committed file

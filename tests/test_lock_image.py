@@ -15,7 +15,7 @@ from stackbuild.paths import shipped_dir
 from stackbuild.render.stack import render_stack
 from stackbuild.spec.load import load_stack
 from stackbuild.spec.lock import verify
-from stackbuild.spec.lock.resolve import header
+from stackbuild.spec.lock.resolve import header, seal
 from stackbuild.spec.lock.target import build_lock_path, lock_path, target_of
 
 ROOT = shipped_dir("stacks").parent
@@ -33,8 +33,9 @@ def test_source_build_stage_installs_its_locked_backend_at_the_locked_commit(tmp
     stack = load_stack("s", root=root)
     t = target_of(stack)
     assert t is not None and t.build_tools == ("cmake==3.31.6", "scikit-build-core==0.11.5")
-    lock_path(stack).write_text(header(t, "s", [], {"sglang-kernel": "c0ffee" * 6 + "c0ff"}))
-    build_lock_path(stack).write_text(header(t, "s", []) + "cmake==3.31.6 \\\n    --hash=sha256:" + "e" * 64 + "\n")
+    lock_path(stack).write_text(seal(header(t, "s", [], {"sglang-kernel": "c0ffee" * 6 + "c0ff"})))
+    tools = "cmake==3.31.6 \\\n    --hash=sha256:" + "e" * 64 + "\n"
+    build_lock_path(stack).write_text(seal(header(t, "s", []) + tools))
     rendered = render_stack(load_stack("s", root=root))
     assert rendered.files["build-tools.lock"] == build_lock_path(stack).read_text()
     dockerfile = rendered.files["Dockerfile"]

@@ -196,3 +196,36 @@ def test_the_committed_flag_tables_are_what_the_wheels_say(version: str) -> None
 
     committed = (SHIPPED_ROOT / "stacks" / "locks" / sglang.table_name(version)).read_text()
     assert sglang.table_of_wheel(version).to_json() + "\n" == committed
+
+
+def test_a_stack_building_torch_from_source_locks_and_renders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The closure and the build tools resolved for real against PyPI: torch's build wants setuptools 75.6.0
+    while sglang 0.5.23's closure pins a later one, so the two resolve apart (each hash-pinned). The source
+    ref's commit stands in (git hosts are not reachable from CI), and so does the audit's download of every
+    native wheel (GBs; test_a_real_native_wheel_is_fetched_by_sha256_and_audited does a real one)."""
+    from helpers_spec import BASE, project, run_cli, source_component
+
+    from stackbuild.render.stack import render_stack
+    from stackbuild.spec.load import load_stack
+    from stackbuild.spec.lock import run, source
+
+    monkeypatch.setattr(source, "resolve_ref", lambda repo, ref: "2" * 40)
+    monkeypatch.setattr(run, "_natives_online", lambda lock, t: {})
+    torch_src = source_component("torch", "2.14.1", "https://github.com/pytorch/pytorch.git", "v2.14.1",
+                                 'env: {USE_CUDA: "1"}')
+    text = BASE.replace('  torch: {version: 2.14.1, index: "https://download.pytorch.org/whl/cu130"}\n', torch_src)
+    text += "lock: {exclude_newer: '2026-12-02T00:00:00Z'}\n"
+    root = project(tmp_path, {"s.yaml": text}, lock=False)
+    rc, err, _ = run_cli(capsys, "--root", str(root), "lock", "s")
+    assert rc == 0, err
+    closure = resolve.parse((root / "stacks" / "locks" / "s.txt").read_text())
+    tools = resolve.parse((root / "stacks" / "locks" / "s.build-tools.txt").read_text())
+    assert "torch" not in closure.entries and closure.edited() is None and tools.edited() is None
+    assert tools.entries["setuptools"].version == "75.6.0"
+    assert closure.entries["setuptools"].version != "75.6.0"  # why they cannot be one resolution
+    assert all(e.hashes for e in tools.entries.values())
+    assert run_cli(capsys, "--root", str(root), "lock", "--check", "s")[:2] == (0, [])
+    rendered = render_stack(load_stack("s", root=root))
+    assert "FROM deps AS torch" in rendered.files["Dockerfile"]
+    assert rendered.files["build-tools.lock"] == (root / "stacks" / "locks" / "s.build-tools.txt").read_text()

@@ -53,7 +53,8 @@ def test_target_of_the_shipped_cuda13_stack() -> None:
         index_url="https://pypi.org/simple",
         extra_index_urls=(),
         exclude_newer="2026-12-02T00:00:00Z",
-        constraints=("nvidia-cuda-nvcc<13.1", "nvidia-nvjitlink<13.1", "nvidia-cuda-crt<13.1", "nvidia-nvvm<13.1"),
+        constraints=("nvidia-cuda-nvcc<13.1", "nvidia-nvjitlink<13.1", "nvidia-cuda-crt<13.1", "nvidia-nvvm<13.1",
+                     "nvidia-cuda-cccl<13.1"),
     )
     assert target.target_of(load_stack("sim", root=ROOT)) is None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -297,3 +298,41 @@ def test_an_sm90_stack_renders_a_non_empty_torch_arch_list(tmp_path: Path) -> No
     assert '    TORCH_CUDA_ARCH_LIST="9.0a;12.0+PTX"\n' in dockerfile
     root = project(tmp_path / "h", {"s.yaml": BASE.replace("arches: [sm_120]", "arches: [sm_90]")})
     assert '    TORCH_CUDA_ARCH_LIST="9.0+PTX"\n' in render_stack(load_stack("s", root=root)).files["Dockerfile"]
+
+
+@pytest.mark.parametrize(("change", "word"), [
+    (("model_path: /models/m", "model_path: /models/Qwen3.5-397B-A17B-NVFP4"), "9.0a;12.0a+PTX"),
+    (("    --tp-size: 8\n", "    --tp-size: 8\n    --quantization: modelopt_fp4\n"), "9.0a;12.0a+PTX"),
+    (("model_path: /models/m", "model_path: /models/m-bf16"), "9.0a;12.0+PTX"),
+])
+def test_fp4_takes_the_arch_specific_blackwell_target(tmp_path: Path, change: tuple[str, str], word: str) -> None:
+    """FP4 MMA exists only in sm_120a (CUTLASS_ARCH_MMA_SM120_SUPPORTED): an FP4 stack's extensions build 12.0a."""
+    text = BASE.replace("arches: [sm_120]", "arches: [sm_90a, sm_120]").replace(*change)
+    root = project(tmp_path, {"s.yaml": text})
+    assert f'    TORCH_CUDA_ARCH_LIST="{word}"\n' in render_stack(load_stack("s", root=root)).files["Dockerfile"]
+
+
+def test_every_install_in_the_gpu_image_is_hash_pinned_or_built_here() -> None:
+    """The base stage installs nothing unpinned: pip is the distro venv's, the rest comes hash-checked with the
+    closure or a source stage's build tools; only wheels built in the image go in without hashes."""
+    dockerfile = render_stack(load_stack("cuda13", root=ROOT)).files["Dockerfile"]
+    installs = [ln.strip() for ln in dockerfile.splitlines() if "pip install" in ln]
+    assert installs and all("--require-hashes" in ln or "/wheels/" in ln for ln in installs), installs
+
+
+def test_a_base_pinned_by_digest_is_built_from_exactly_that_image(tmp_path: Path) -> None:
+    from stackbuild.spec.rules import RULES, check_rules
+
+    rule = next(r for r in RULES if r.id == "base-image-digest")
+    tagged = load_stack("cuda13", root=ROOT)
+    assert [f.message for f in check_rules(tagged, (rule,))] == [
+        "base_image 'nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04' is unpinned (a tag, not a digest): the registry "
+        "can move it, and nothing records which image a build used; pin it: `docker buildx imagetools inspect "
+        "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04` (or `docker pull` then `docker image inspect --format "
+        "'{{index .RepoDigests 0}}'`) and write nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04@sha256:DIGEST"]
+    pinned_ref = "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04@sha256:" + "ab" * 32
+    root = project(tmp_path, {"s.yaml": re.sub(r"base_image: \S+", f"base_image: {pinned_ref}", BASE)})
+    pinned = load_stack("s", root=root)
+    assert check_rules(pinned, (rule,)) == []
+    assert f"FROM {pinned_ref} AS base\n" in render_stack(pinned).files["Dockerfile"]
+    assert check_rules(load_stack("sim", root=ROOT), (rule,)) == []  # a local import: no registry digest

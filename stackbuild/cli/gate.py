@@ -35,19 +35,29 @@ from stackbuild.errors import InputError
               help="serve /metrics (Prometheus), as sglang does only with this flag")
 @click.option("--context-length", default=262144, show_default=True, type=click.IntRange(min=2),
               help="longest prompt + output in tokens; longer ones are refused, as in sglang")
+@click.option("--tp-size", default=1, show_default=True, type=click.IntRange(min=1),
+              help="sglang's tensor parallel size: what the startup log says of the TP all-reduce")
+@click.option("--flashinfer-allreduce-fusion-backend", "fusion_backend", default=None,
+              type=click.Choice(["auto", "trtllm", "mnnvl"]),
+              help="as sglang: try FlashInfer's all-reduce first (its workspace preflight is logged)")
+@click.option("--host-multicast", is_flag=True,
+              help="simulate GPUs with multicast (NVLink); default: the users' PCIe-only cards, without")
 @click.option("--weight-version", default="default", show_default=True,
               help="a label /get_model_info, /server_info and every answer's meta_info carry, as in sglang")
 def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
             warmup_s: float, load_s: float, seed: int, model_path: str,
             served_model_name: str | None, max_running_requests: int | None,
-            enable_metrics: bool, context_length: int, weight_version: str) -> None:
+            enable_metrics: bool, context_length: int, tp_size: int, fusion_backend: str | None,
+            host_multicast: bool, weight_version: str) -> None:
     """Run the SGLang-compatible simulated server (no GPU)."""
     import asyncio
+    import os
 
     from stackbuild.cli.main import set_exit
     from stackbuild.sim.calibration import PROFILES
     from stackbuild.sim.faults import parse_fault
     from stackbuild.sim.server import SimOptions, serve
+    from stackbuild.sim.startup import AllReduceSetup
 
     if profile not in PROFILES:
         raise InputError(f"--profile: unknown simulator profile {profile!r}; "
@@ -60,7 +70,9 @@ def sim_cmd(host: str, port: int, profile: str, fault: str | None, speed: float,
                       warmup_s=warmup_s, load_s=load_s, seed=seed, model_path=model_path,
                       served_model_name=served_model_name, max_running_requests=max_running_requests,
                       enable_metrics=enable_metrics, context_length=context_length,
-                      weight_version=weight_version)
+                      weight_version=weight_version,
+                      allreduce=AllReduceSetup(tp=tp_size, fusion_backend=fusion_backend, multicast=host_multicast,
+                                               pcie_ipc_env=os.environ.get("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")))
     try:
         rc = asyncio.run(serve(opts))
     except OSError as err:

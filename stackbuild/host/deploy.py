@@ -194,7 +194,7 @@ def _run_candidate(
         units.install(remote, staged, paths.runs_from(p.slot, serving=not p.beside))  # /run: a reboot brings
         units.start(remote, unit)  # back the incumbent
         st.detail += f"{unit} on port {p.port}"
-    ready = readiness(remote, svc, unit, p.port, stack, rep)
+    ready = readiness(remote, svc, unit, p.port, stack, rep, since)
     if not ready.ok:
         logs = units.logs_since(remote, unit, unit.removesuffix(".service"), since)
         sig = classify(f"{logs}\n{ready.detail}")
@@ -205,6 +205,7 @@ def _run_candidate(
             "crashed": "candidate crashed on start",
             "generate": "candidate was ready but failed its first generation",
             "identity": "candidate is not what answers on its port",
+            "expect-log": "candidate serves, but not on the path its variant claims",
         }.get(ready.stage, "candidate never became ready")
         cause = f"{what}: {ready.detail}" + (f" [{sig.kind}: {sig.hint}]" if sig else "")
         _roll_back(remote, paths, state, conv, rep, cause, verdict="not-ready")

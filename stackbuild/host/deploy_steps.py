@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from stackbuild.effects.readiness import Readiness, wait_ready
 from stackbuild.errors import StackbuildError
 from stackbuild.host import secrets, units
+from stackbuild.host.expect_log import unmet
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.request import DeployRequest, Services
 from stackbuild.host.ssh import Remote
@@ -108,9 +109,11 @@ def stage_secrets(remote: Remote, req: DeployRequest, paths: HostPaths, rep: Dep
             st.detail += f"; neither given nor on the host, the server gets none: {', '.join(missing)}"
 
 
-def readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport) -> Readiness:
+def readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack, rep: DeployReport,
+              since: int | None = None) -> Readiness:
     """The candidate's unit serves, and what serves on its port is that unit's own process: one that
-    died on the way (say, on a port something else holds) is a start failure whatever answers there."""
+    died on the way (say, on a port something else holds) is a start failure whatever answers there;
+    then its startup log shows the path its variant claims (server.expect_log)."""
     with rep.step("ready") as st, svc.endpoint(port) as url:
         probe = UnitProbe(remote, unit, port, svc.http_probe(url))
         ready = wait_ready(
@@ -123,6 +126,8 @@ def readiness(remote: Remote, svc: Services, unit: str, port: int, stack: Stack,
             why = probe.confirm()
             ready = (Readiness(False, why[0], why[1], ready.seconds, ready.layers) if why is not None
                      else replace(ready, identity=probe.invocation))
+        if ready.ok and since is not None:
+            ready = expected_path(remote, unit, stack, since, ready)
         st.detail = f"{ready.stage}: {ready.detail}"
     if not ready.ok:
         rep.steps[-1].ok = False
@@ -141,6 +146,18 @@ def not_the_candidate(remote: Remote, svc: Services, unit: str, port: int, ready
         return (f"{unit} was started again (its process is not the one that passed readiness: "
                 f"{ready.identity} then, {probe.invocation} now)")
     return None
+
+
+def expected_path(remote: Remote, unit: str, stack: Stack, since: int, ready: Readiness) -> Readiness:
+    """A server that serves still fails its start when its log does not show the path its variant
+    claims (server.expect_log, read from the unit's journal since `since`): stage "expect-log"."""
+    expect = stack.server.expect_log
+    if not expect:
+        return ready
+    why = unmet(expect, units.logs_since(remote, unit, unit.removesuffix(".service"), since))
+    if why is None:
+        return replace(ready, detail=f"{ready.detail}; startup log shows the expected path")
+    return replace(ready, ok=False, stage="expect-log", detail=why)
 
 
 def dry_plan(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths, p: Placement, staged: str,

@@ -31,6 +31,8 @@ from stackbuild.host.fake_server import (
 )
 from stackbuild.host.fake_systemd import FakeSystemd, SysUnit
 from stackbuild.host.gateway import KEY_SCRIPT, POOL_SCRIPT, RECORDS_SCRIPT
+from stackbuild.host.gateway import POOL_SCRIPT, RECORDS_SCRIPT
+from stackbuild.host.pcie import PCIE_SCRIPT, TOPO_P2P_READ
 from stackbuild.host.preflight import (
     CDI_SCRIPT,
     DOCKER_INFO,
@@ -82,6 +84,8 @@ class FakeHost(FakeSystemd):
     free_kib: int = 200 * 2**20
     dockerd_limits: str | None = None  # /proc/PID/limits of dockerd; None: not visible
     keys_made: int = 0  # control-plane keys this host made (each one differs)
+    p2p_matrix: str | None = None  # `nvidia-smi topo -p2p r`; None: that fails
+    pcie_text: str = "== cmdline\nBOOT_IMAGE=/vmlinuz ro\n== iommu\n== acs\n"  # what PCIE_SCRIPT prints
 
     # -- interpretation ----------------------------------------------------------------------
     def _interpret(self, args: list[str], cmd: str) -> RemoteResult:
@@ -89,6 +93,10 @@ class FakeHost(FakeSystemd):
             if self.docker_version is None:
                 return RemoteResult(cmd, 1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.")
             return self._ok(cmd, f"{self.docker_version}|{self.docker_root}|{self.runtimes}\n")
+        if args == TOPO_P2P_READ:
+            if self.p2p_matrix is None:
+                return RemoteResult(cmd, 127, "", "bash: line 1: nvidia-smi: command not found")
+            return self._ok(cmd, self.p2p_matrix)
         if args == NVIDIA_SMI_QUERY:
             if self.gpus_csv is None:
                 return RemoteResult(cmd, 127, "", "bash: line 1: nvidia-smi: command not found")
@@ -160,6 +168,8 @@ class FakeHost(FakeSystemd):
             return self._ok(cmd, "".join(f"{n}\n" for n in names)) if top in self.dirs else RemoteResult(cmd, 2, "", "")
         if script in (BACKUP_SCRIPT, RESTORE_SCRIPT):
             return self._secrets(script, p, cmd)
+        if script == PCIE_SCRIPT:
+            return self._ok(cmd, self.pcie_text)
         if script == CDI_SCRIPT:
             return self._ok(cmd, "nvidia.yaml\n") if self.cdi_nvidia else RemoteResult(cmd, 1, "", "")
         if script == LIMITS_SCRIPT:

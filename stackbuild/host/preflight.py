@@ -10,8 +10,10 @@ import re
 from dataclasses import dataclass
 
 from stackbuild.errors import InfraError
+from stackbuild.host import pcie
 from stackbuild.host.ssh import Remote, sh_argv
 from stackbuild.host.units import image_id_argv
+from stackbuild.spec.lock.check import nccl_of, read_lock
 from stackbuild.spec.rules import driver_floor
 from stackbuild.spec.stack import Stack
 
@@ -61,6 +63,7 @@ class Check:
 class PreflightReport:
     checks: tuple[Check, ...]
     gpus: tuple[Gpu, ...] = ()
+    facts: tuple[tuple[str, str], ...] = ()  # what else preflight read of the host (PCIe, the image's NCCL)
 
     @property
     def ok(self) -> bool:
@@ -78,6 +81,7 @@ class PreflightReport:
             "gpu_count": str(len(self.gpus)),
             "driver": self.gpus[0].driver,
             "arch": self.gpus[0].arch,
+            **dict(self.facts),
         }
 
 
@@ -171,6 +175,7 @@ def run_preflight(
     """Run every check for a deploy of `image` binding `ports` (port -> may our own incumbent hold it)."""
     checks: list[Check] = []
     gpus: list[Gpu] = []
+    facts: dict[str, str] = {}
     need_kib = need_free_kib(stack)
     docker = remote.run(DOCKER_INFO, check=False, what="docker info", changes=False)
     root_dir = "/var/lib/docker"
@@ -200,6 +205,10 @@ def run_preflight(
         smi = remote.run(NVIDIA_SMI_QUERY, check=False, what="nvidia-smi", changes=False)
         gpus = parse_nvidia_smi(smi.stdout) if smi.ok else []
         checks += check_gpus(stack, gpus, None if smi.ok else _one_line(smi))
+        if len(gpus) > 1 and stack.runtime.tp > 1:
+            found = _pcie(remote, stack)
+            checks += found[0]
+            facts.update(found[1])
     present = remote.run(
         image_id_argv(image),
         check=False,
@@ -242,7 +251,20 @@ def run_preflight(
         checks += ulimit_checks(limits.stdout, dict(stack.runtime.ulimits)) if limits.ok else []
     tcp = remote.run(sh_argv(TCP_SCRIPT), check=False, what="listening ports", changes=False)
     checks += port_checks(parse_listening_ports(tcp.stdout), ports)
-    return PreflightReport(tuple(checks), tuple(gpus))
+    return PreflightReport(tuple(checks), tuple(gpus), tuple(sorted(facts.items())))
+
+
+def _pcie(remote: Remote, stack: Stack) -> tuple[list[Check], dict[str, str]]:
+    """P2P per GPU pair, ACS and IOMMU (host/pcie.py), and the NCCL the image carries (its lock's pin)."""
+    topo = remote.run(pcie.TOPO_P2P_READ, check=False, what="nvidia-smi topo -p2p r", changes=False)
+    pairs = pcie.parse_p2p(topo.stdout) if topo.ok else {}
+    found = pcie.parse_pcie(remote.run(sh_argv(pcie.PCIE_SCRIPT), check=False, what="PCIe ACS and IOMMU",
+                                       changes=False).stdout)
+    facts = pcie.facts(pairs, found, stack.runtime.tp)
+    lock = read_lock(stack)
+    if lock is not None and (nccl := nccl_of(lock)):
+        facts["nccl"] = f"{nccl[0]} {nccl[1]}"
+    return [Check(c.name, c.ok, c.detail) for c in pcie.checks(stack, pairs, found)], facts
 
 
 # docker --ulimit names -> the row of /proc/PID/limits that bounds them

@@ -9,6 +9,7 @@ from typing import Any
 from stackbuild.paths import templates_dir
 from stackbuild.spec.components import BY_NAME, aot_arches
 from stackbuild.spec.lock.locked import lock_text, source_commits, torch_cuda
+from stackbuild.spec.lock.source import is_commit
 from stackbuild.spec.lock.target import build_lock_path, lock_command
 from stackbuild.spec.stack import Stack
 
@@ -43,6 +44,8 @@ def context(stack: Stack) -> dict[str, Any]:
         # the component whose built wheel the other source stages build against (torch)
         "build_base": next((n for n, _, e in builds if e.build_base), None),
         "source_commit": source_commits(stack, text),
+        # full commit ids: fetched by id, since `git clone --branch` takes only branches and tags
+        "source_by_commit": {n for n, c, _ in builds if c.source is not None and is_commit(c.source.ref)},
         "torch_cuda": torch_cuda(stack, text),
     }
 

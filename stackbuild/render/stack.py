@@ -23,6 +23,7 @@ import jinja2
 from stackbuild.paths import templates_dir
 from stackbuild.render import lockctx
 from stackbuild.spec.components import aot_arches
+from stackbuild.spec.conditions import uses_fp4
 from stackbuild.spec.kinds import control_chars
 from stackbuild.spec.lock.locked import digest as lock_digest
 from stackbuild.spec.stack import Stack
@@ -242,7 +243,11 @@ def torch_arch(arch: str) -> str | None:
 
 
 def _arch_list(stack: Stack, plus_ptx: bool) -> str:
-    nums = [n for a in stack.arches if (n := torch_arch(a)) is not None]
+    """TORCH_CUDA_ARCH_LIST: each arch as torch spells it; a Blackwell arch with its `a` suffix when the
+    stack runs FP4 (sm_120 -> 12.0a), else the extensions built against it carry no FP4 instructions."""
+    fp4 = uses_fp4(stack)
+    nums = [n + ("a" if fp4 and a in ("sm_100", "sm_103", "sm_120", "sm_121") and not n.endswith("a") else "")
+            for a in stack.arches if (n := torch_arch(a)) is not None]
     return ";".join(nums) + ("+PTX" if plus_ptx and nums else "")
 
 

@@ -24,6 +24,7 @@ from stackbuild.sim.faults import Fault
 from stackbuild.sim.generation import Generation, Serving
 from stackbuild.sim.scheduler import Engine, SimRequest
 from stackbuild.sim.shapes import WEIGHT_VERSION
+from stackbuild.sim.startup import AllReduceSetup, allreduce_lines
 
 SGLANG_VERSION = "0.5.23"
 HEALTH_CHECK_TIMEOUT_S = 20  # sglang's SGLANG_HEALTH_CHECK_TIMEOUT default
@@ -52,6 +53,8 @@ class SimOptions:
     context_length: int = CONTEXT_LEN
     # sglang's --weight-version: a label every answer, /get_model_info and /server_info carry
     weight_version: str = WEIGHT_VERSION
+    # what it logs about its all-reduce path at startup, as sglang would (sim/startup.py)
+    allreduce: AllReduceSetup = field(default_factory=AllReduceSetup)
 
     @property
     def model_name(self) -> str:
@@ -284,6 +287,8 @@ async def serve(opts: SimOptions, *, ready_msg: bool = True) -> int:
             await asyncio.wait_for(stop.wait(), opts.load_s)
     if stop.is_set():
         return 0
+    for line in allreduce_lines(opts.allreduce):  # sglang logs them while the model runner starts
+        print(line, flush=True)
     server = SimServer(opts)
     server.engine.start()
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False,

@@ -10,6 +10,7 @@ from stackbuild.errors import Finding
 from stackbuild.paths import cache_dir
 from stackbuild.spec import patches as patchmod
 from stackbuild.spec import sglang
+from stackbuild.spec.expect_log_check import check_expect_log
 from stackbuild.spec.gateway_check import check_gateway
 from stackbuild.spec.load import positions
 from stackbuild.spec.lock.check import check_lock
@@ -40,6 +41,7 @@ SIM_FLAGS = frozenset({
     "--context-length", "--enable-metrics", "--fault", "--host", "--load-s", "--max-running-requests",
     "--model-path", "--port", "--profile", "--seed", "--served-model-name", "--speed", "--warmup-s",
     "--weight-version",
+    "--tp-size", "--flashinfer-allreduce-fusion-backend", "--host-multicast",
 })
 
 
@@ -132,5 +134,5 @@ def check_patches(stack: Stack, *, offline: bool) -> list[Finding]:
 
 def check_stack(stack: Stack, *, offline: bool = False) -> list[Finding]:
     findings = check_rules(stack) + check_flags(stack, offline=offline) + check_patches(stack, offline=offline)
-    findings += check_lock(stack) + check_gateway(stack)
+    findings += check_lock(stack) + check_gateway(stack) + check_expect_log(stack, offline=offline)
     return sorted(findings, key=lambda f: (f.path, f.line, f.col))

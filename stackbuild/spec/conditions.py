@@ -141,7 +141,7 @@ def fi_aot_build(s: Stack) -> Iterator[Hit]:
         return
     if c.source is not None:
         yield ("components", "flashinfer", "aot"), {"why": "it compiles the locked wheel's sources: drop source:"}
-    elif "devel" not in s.base_image.rsplit(":", 1)[-1]:
+    elif "devel" not in s.base_image.split("@", 1)[0].rsplit(":", 1)[-1]:  # the tag, not a digest
         why = f"it needs nvcc, which {s.base_image} lacks: use a -devel- base"
         yield ("components", "flashinfer", "aot"), {"why": why}
 
@@ -288,6 +288,43 @@ def fusion_cuda128(s: Stack) -> Iterator[Hit]:
 def symm_mem(s: Stack) -> Iterator[Hit]:
     if sm120(s) and flag_on(s, "--enable-torch-symm-mem"):
         yield ("server", "flags", "--enable-torch-symm-mem"), {}
+
+
+_FP4 = re.compile(r"fp4", re.IGNORECASE)
+_ON = ("1", "on", "true", "yes", "y")
+
+
+def uses_fp4(stack: Stack) -> bool:
+    """Does the stack run FP4 (NVFP4 weights, an fp4 quantization, an FP4 kernel build)? (pure)
+
+    FP4 tensor-core instructions exist only in the arch-specific target (sm_120a, CUTLASS's
+    `CUTLASS_ARCH_MMA_SM120_SUPPORTED`), not in plain sm_120 code.
+    """
+    s = stack.server
+    if any(_FP4.search(str(v)) for v in (s.model_path, s.served_model_name, s.flags.get("--quantization")) if v):
+        return True
+    return any(_FP4.search(k) and v.lower() in _ON
+               for _, c in stack.components.items() if c.source for k, v in c.source.cmake.items())
+
+
+def nvfp4_moe_cuda12(s: Stack) -> Iterator[Hit]:
+    """An FP4 MoE on sm_120 through flashinfer_cutlass under CUDA 12 (its kernels built for 12.0a, not 120f)."""
+    backend = s.server.flags.get("--moe-runner-backend")
+    if (sm120(s) and s.cuda_mm and s.cuda_mm < (13, 0) and uses_fp4(s) and backend == "flashinfer_cutlass"):
+        yield ("server", "flags", "--moe-runner-backend"), {"cuda": s.cuda}
+
+
+def base_by_tag(s: Stack) -> Iterator[Hit]:
+    """A GPU stack's base image named by tag only (the simulator's is a local import with no registry digest)."""
+    if s.server.engine == "sglang" and "@sha256:" not in s.base_image:
+        yield ("base_image",), {"image": s.base_image}
+
+
+def nccl_tree_graphs(s: Stack) -> Iterator[Hit]:
+    """NCCL_ALGO naming Tree while CUDA graphs capture the decode (sglang's default)."""
+    algo = s.server.env.get("NCCL_ALGO")
+    if algo and "tree" in algo.lower() and not flag_on(s, "--disable-cuda-graph"):
+        yield ("server", "env", "NCCL_ALGO"), {"value": algo}
 
 
 def spec_cap(s: Stack) -> Iterator[Hit]:

@@ -6,6 +6,8 @@ source, and updated, without touching the logic that uses it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Driver floor per CUDA major.minor (NVIDIA CUDA toolkit release notes, table 3).
 DRIVER_FLOOR: dict[tuple[int, int], int] = {(12, 0): 525, (12, 8): 570, (12, 9): 575, (13, 0): 580, (13, 1): 590}
 
@@ -83,3 +85,25 @@ def driver_floor(cuda: str | None) -> int | None:
     major, minor = (int(x) for x in cuda.split(".")[:2])
     floors = [v for (ma, mi), v in DRIVER_FLOOR.items() if (ma, mi) <= (major, minor)]
     return max(floors) if floors else None
+
+
+@dataclass(frozen=True)
+class NcclIssue:
+    """A public NCCL bug on the users' cards (RTX PRO 6000 Blackwell over PCIe), by the versions it names."""
+
+    issue: str
+    first: tuple[int, int, int]  # the oldest release it was reported on
+    fixed: tuple[int, int, int] | None  # the first release reported good; None: none reported
+    what: str
+
+
+NCCL_ISSUES: tuple[NcclIssue, ...] = (
+    NcclIssue("NVIDIA/nccl#2418", (2, 26, 2), (2, 31, 2),
+              "illegal memory access in all-reduces of 512 KiB and more on RTX PRO 6000 Blackwell over PCIe: "
+              "reported on 2.26.2, not reproducible on 2.31.2; releases between were not reported either way"),
+    NcclIssue("NVIDIA/nccl#1999", (2, 26, 5), None,
+              "all-reduce hangs with P2P on RTX PRO 6000 Blackwell over PCIe: reported on 2.26.5, 2.27.7, "
+              "2.29.2 (and 2.30.4, local-inference-lab/rtx6kpro#15), no release reported fixed; where a cause was "
+              "found it was the host's PCIe ACS redirecting P2P through the IOMMU (NVIDIA/nccl#2079, "
+              "vllm-project/vllm#33041): preflight reads ACS and IOMMU, and NCCL_P2P_DISABLE=1 avoids it"),
+)

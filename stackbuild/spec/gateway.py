@@ -74,6 +74,9 @@ class HealthCheck(_Model):
 
 class Gateway(_Model):
     version: Version = "1.13.0"  # smg on PyPI; its closure is hash-locked under stacks/locks/gateway/
+    # resolve smg's closure as of this instant (RFC 3339), as lock.exclude_newer does the stack's: a relock
+    # writes the same file
+    exclude_newer: str | None = None
     host: GatewayHost | None = None  # where it runs; default: the stack's host (host.address)
     listen: ListenAddress = "0.0.0.0"  # clients reach it from other machines (validate warns without api_keys)
     port: Port = 30080

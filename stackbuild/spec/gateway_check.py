@@ -34,7 +34,7 @@ def gateway_target(gw: Gateway) -> Target | None:
         source_built=(),
         index_url=PYPI,
         extra_index_urls=(),
-        exclude_newer=None,
+        exclude_newer=gw.exclude_newer,
         constraints=(),
     )
 
@@ -61,7 +61,8 @@ def header(t: Target, stack: Stack) -> str:
     return (
         f"{resolve.HEADER} of the gateway (smg); do not edit, regenerate with `{lock_command(stack)}`\n"
         f"# inputs-sha256: {t.inputs_hash()}\n"
-        f"# target: python {t.python}, {t.platform}\n"
+        f"# target: python {t.python}, {t.platform}" + (f", as of {t.exclude_newer}" if t.exclude_newer else "")
+        + "\n"
     )
 
 
@@ -72,7 +73,7 @@ def lock_gateway(stack: Stack, *, offline: bool = False) -> tuple[Path, str]:
     if gw is None or t is None or path is None:
         raise InputError(f"{stack.source}: {'no gateway: section' if gw is None else _base_msg(gw)}; "
                          "nothing to lock")
-    return path, header(t, stack) + resolve.resolve(t, offline=offline)
+    return path, resolve.seal(header(t, stack) + resolve.resolve(t, offline=offline))
 
 
 def _base_msg(gw: Gateway) -> str:
@@ -117,6 +118,13 @@ def check_gateway(stack: Stack) -> list[Finding]:
         elif resolve.parse(text).inputs_hash != t.inputs_hash():
             out.append(finding(("gateway",), f"gateway: {rel} was resolved for other inputs; "
                                              f"run `{lock_command(stack)}`", "gateway-lock"))
+        elif why := resolve.parse(text).edited():
+            out.append(finding(("gateway",), f"gateway: {rel} {why}; run `{lock_command(stack)}`", "gateway-lock"))
+    if t is not None and not gw.exclude_newer:
+        pos = loc.keys.get(("gateway",)) or loc.pos(("gateway",))
+        out.append(Finding(pos.file, pos.line, pos.col, "warning",
+                           "gateway.exclude_newer is not set: a relock of smg's closure resolves against today's "
+                           "index and may differ; set it to an instant before its lock was made", "gateway-lock-date"))
     if stack.server.flags.get("--enable-metrics") is not True:
         out.append(finding(("server", "flags"), "server.flags: a gateway drains a server by its in-flight count "
                                                 "from /metrics; add --enable-metrics: true", "gateway-metrics"))

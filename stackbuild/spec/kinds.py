@@ -106,4 +106,10 @@ def _ssh_target(v: str) -> str:
 
 SshTarget = Annotated[str, AfterValidator(_ssh_target)]
 Size = Annotated[str, _kind(r"\d+[bkmgBKMG]?", "a size like '32g'")]
+# Where a server prints a log line: "<distribution> <version> <path in it>:<line>".
+SourceLine = Annotated[
+    str,
+    _kind(r"[A-Za-z0-9][A-Za-z0-9._-]* [A-Za-z0-9][A-Za-z0-9.+!_-]* [A-Za-z0-9_./-]+\.py:\d+(?:-\d+)?",
+          "where the line is printed, like 'sglang 0.5.23 srt/layers/flashinfer_comm_fusion.py:580'"),
+]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]

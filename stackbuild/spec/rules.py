@@ -165,6 +165,24 @@ RULES: tuple[Rule, ...] = (
         "sglang 0.5.23 TORCH_SYMM_MEM_ALL_REDUCE_MAX_SIZES; it logs 'not supported'",
     ),
     Rule(
+        "sm120-nvfp4-moe-cuda12",
+        "warning",
+        cond.nvfp4_moe_cuda12,
+        "an NVFP4 MoE through flashinfer_cutlass on sm_120 under CUDA {cuda}: its grouped GEMM is built for "
+        "12.0a, where upstream reports invalid output on SM120, fixed only by building for 120f on CUDA 13 "
+        "(flashinfer#2723, cutlass#3096); wrong numbers a throughput gate cannot see: use the CUDA 13 stack, "
+        "or check output agreement against it",
+        "flashinfer-ai/flashinfer#2723, NVIDIA/cutlass#3096",
+    ),
+    Rule(
+        "nccl-algo-tree",
+        "error",
+        cond.nccl_tree_graphs,
+        "NCCL_ALGO={value} with CUDA graphs on: on this host it failed CUDA graph capture; drop NCCL_ALGO "
+        "(NCCL picks per size) or run without CUDA graphs",
+        "users' results table: 'NCCL Tree: FAILED (CUDA graph incompatible)'",
+    ),
+    Rule(
         "spec-running-cap",
         "warning",
         cond.spec_cap,
@@ -198,6 +216,15 @@ RULES: tuple[Rule, ...] = (
         cond.tp_gpus,
         "tensor parallel size and GPUs disagree ({values}); make --tp-size, runtime.tp and runtime.gpus agree",
         "sglang needs one GPU per TP rank",
+    ),
+    Rule(
+        "base-image-digest",
+        "warning",
+        cond.base_by_tag,
+        "base_image '{image}' is unpinned (a tag, not a digest): the registry can move it, and nothing records "
+        "which image a build used; pin it: `docker buildx imagetools inspect {image}` (or `docker pull` then "
+        "`docker image inspect --format '{{{{index .RepoDigests 0}}}}'`) and write {image}@sha256:DIGEST",
+        "docker: a tag is mutable, a digest names one image (FROM NAME:TAG@sha256:D builds exactly D)",
     ),
     Rule(
         "base-image-cuda",

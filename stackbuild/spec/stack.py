@@ -8,7 +8,7 @@ components.py), at the one boundary for user input.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
@@ -28,6 +28,7 @@ from stackbuild.spec.kinds import (
     PyVersion,
     Registry,
     Size,
+    SourceLine,
     SshTarget,
     Text,
 )
@@ -51,12 +52,37 @@ class Patch(_Model):
         return self.path.name
 
 
+class LogLine(_Model):
+    """A line the server prints at startup: `text` is matched as a substring of each log line."""
+
+    text: Annotated[Text, Field(min_length=8)]
+    source: SourceLine  # the release's source line that prints it: the expectation's proof
+
+    def __str__(self) -> str:
+        return f"'{self.text}' ({self.source})"
+
+
+class ExpectLog(_Model):
+    """What the server's startup log must show before its numbers count (the readiness step reads it).
+
+    A variant named for a code path (an all-reduce backend) proves it runs that path: `present` lines
+    the path prints, `absent` lines its fallbacks print.
+    """
+
+    present: tuple[LogLine, ...] = ()
+    absent: tuple[LogLine, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.present or self.absent)
+
+
 class Server(_Model):
     engine: Literal["sglang", "sim"] = "sglang"
     model_path: Text
     served_model_name: Text | None = None
     flags: dict[str, FlagValue] = Field(default_factory=dict)
     env: dict[EnvName, str] = Field(default_factory=dict)
+    expect_log: ExpectLog = Field(default_factory=ExpectLog)
 
     @field_validator("flags")
     @classmethod

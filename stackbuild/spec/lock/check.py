@@ -10,7 +10,7 @@ from pathlib import Path
 from stackbuild.errors import Finding
 from stackbuild.spec import sglang
 from stackbuild.spec.components import COMPONENTS, dist_of
-from stackbuild.spec.facts import driver_floor
+from stackbuild.spec.facts import NCCL_ISSUES, driver_floor
 from stackbuild.spec.load import positions
 from stackbuild.spec.lock import audit as auditmod
 from stackbuild.spec.lock.resolve import Lock, canon, parse
@@ -33,8 +33,10 @@ def cuda_major_of_package(name: str, version: str) -> int | None:
 
 
 # Toolkit pieces whose version is the CUDA release they come from (12.8.93 is CUDA 12.8).
+# nvidia-cuda-cccl (CUB/Thrust/libcu++ headers) too: code built against 13.3's headers in a 13.0 image
+# mixes toolkit minors the way the compiler pieces do.
 _TOOLKIT = ("nvidia-cuda-nvcc", "nvidia-nvjitlink", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime",
-            "nvidia-cuda-nvrtc")  # fmt: skip
+            "nvidia-cuda-nvrtc", "nvidia-cuda-cccl")  # fmt: skip
 
 
 def toolkit_release(name: str, version: str) -> tuple[int, int] | None:
@@ -113,7 +115,9 @@ def freshness(stack: Stack, t: Target | None, lock: Lock | None) -> list[Finding
     if lock.inputs_hash != t.inputs_hash():
         msg = f"{rel} was resolved for other inputs (components, python, platform, indexes); run `{cmd}`"
         return [Finding(pos.file, pos.line, pos.col, "error", msg, "lock-stale")]
-    return []
+    if why := lock.edited():
+        return [Finding(pos.file, pos.line, pos.col, "error", f"{rel} {why}; run `{cmd}`", "lock-stale")]
+    return pins_against_audit(stack, lock, committed_audits(stack))
 
 
 def build_tools_fresh(stack: Stack, t: Target | None) -> list[Finding]:
@@ -121,11 +125,13 @@ def build_tools_fresh(stack: Stack, t: Target | None) -> list[Finding]:
     if t is None or not t.build_tools:
         return []
     p = build_lock_path(stack)
-    have = parse(p.read_text(encoding="utf-8")).inputs_hash if p.is_file() else None
-    if have == t.inputs_hash():
+    tools = parse(p.read_text(encoding="utf-8")) if p.is_file() else None
+    have = tools.inputs_hash if tools else None
+    edited = tools.edited() if tools and have == t.inputs_hash() else None
+    if have == t.inputs_hash() and edited is None:
         return []
     pos = positions(stack).keys.get(("components",)) or positions(stack).pos(("components",))
-    why = "is missing" if have is None else "was resolved for other inputs"
+    why = "is missing" if have is None else edited or "was resolved for other inputs"
     msg = f"stacks/locks/{p.name} (the source stages' hash-pinned build tools) {why}; run `{lock_command(stack)}`"
     return [Finding(pos.file, pos.line, pos.col, "error", msg, "lock-missing" if have is None else "lock-stale")]
 
@@ -264,6 +270,51 @@ def unaudited(stack: Stack, lock: Lock, audits: dict[str, auditmod.WheelAudit]) 
     ]
 
 
+def pins_against_audit(stack: Stack, lock: Lock, audits: dict[str, auditmod.WheelAudit]) -> list[Finding]:
+    """Each native pin against what the resolver's files were when audited (the committed audit records each
+    file's name and sha256): a pin whose version or hashes no longer name the audited file was changed."""
+    out = []
+    for name in native_names(lock):
+        e, a = lock.entries.get(name), audits.get(name)
+        if e is None or a is None:
+            continue  # a native name with no pin, or no audit: `unaudited` says so
+        parts = a.wheel.removesuffix(".whl").split("-")  # NAME-VERSION(-BUILD)?-PY-ABI-PLATFORM (PEP 427)
+        version = parts[1] if len(parts) >= 5 else e.version
+        if a.sha256 in e.hashes and version == e.version:
+            continue
+        w, _ = _component_pos(stack, lock, e.name)
+        msg = (f"{e.name}=={e.version} in {lock_path(stack).name} does not name the file the lock audited "
+               f"({a.wheel}, sha256 {a.sha256[:12]}): the pin was changed after it was resolved; "
+               f"run `{lock_command(stack)}`")
+        out.append(_finding(w, "error", msg, "lock-stale"))
+    return out
+
+
+def nccl_of(lock: Lock) -> tuple[str, str] | None:
+    """(distribution, version) of the NCCL the image carries (nvidia-nccl-cuXX, the one torch loads), if locked."""
+    e = next((e for n, e in sorted(lock.entries.items()) if re.fullmatch(r"nvidia-nccl-cu\d+", n)), None)
+    return (e.name, e.version) if e else None
+
+
+def nccl_findings(stack: Stack, lock: Lock) -> list[Finding]:
+    """The locked NCCL against the public bugs on the users' cards (facts.NCCL_ISSUES), for a TP stack on sm_120."""
+    nccl = nccl_of(lock)
+    if nccl is None or "sm_120" not in stack.arches or stack.runtime.tp < 2:
+        return []
+    name, version = nccl
+    have = tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+    out = []
+    for bug in NCCL_ISSUES:
+        if have < bug.first or (bug.fixed is not None and have >= bug.fixed):
+            continue
+        w, root = _component_pos(stack, lock, name)
+        fix = (f"; {'.'.join(map(str, bug.fixed))} is reported good: raise it with lock.constraints where "
+               f"{root}'s own pin allows" if bug.fixed else "")
+        out.append(_finding(w, "warning", f"{name}=={version} (pulled in by {root}), TP {stack.runtime.tp} on "
+                                          f"sm_120: {bug.issue}: {bug.what}{fix}", "nccl-known-bug"))
+    return out
+
+
 def native_names(lock: Lock) -> list[str]:
     """Entries the audit file lists as native (recorded at lock time; a pure-Python wheel has none)."""
     marker = re.compile(r"^# native: (.+)$", re.MULTILINE)
@@ -279,4 +330,5 @@ def check_lock(stack: Stack) -> list[Finding]:
     if out or lock is None:
         return out
     audits = committed_audits(stack)
-    return cuda_packages(stack, lock) + audit_findings(stack, lock, audits) + unaudited(stack, lock, audits)
+    return (cuda_packages(stack, lock) + audit_findings(stack, lock, audits) + unaudited(stack, lock, audits)
+            + nccl_findings(stack, lock))

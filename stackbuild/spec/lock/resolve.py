@@ -7,6 +7,7 @@ file, `--emit-index-annotation` records the index each came from.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -20,6 +21,7 @@ from stackbuild.spec.lock.target import Target
 
 HEADER = "# stackbuild lock"
 _INPUTS_RE = re.compile(r"^# inputs-sha256: ([0-9a-f]{64})$", re.MULTILINE)
+_CONTENT_RE = re.compile(r"^# content-sha256: ([0-9a-f]{64})\n", re.MULTILINE)
 _REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?:\s*;.*)?\s*\\?$")
 _HASH_RE = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 
@@ -43,6 +45,17 @@ class Lock:
     text: str
     inputs_hash: str | None
     entries: dict[str, Entry]
+    content_hash: str | None = None  # what the header says the resolved part hashed to when it was written
+
+    def edited(self) -> str | None:
+        """Why the resolved part is not what `lock` wrote (hand-edited, or written without a content hash)."""
+        if self.content_hash is None:
+            return "has no content-sha256 in its header (not written by this stackbuild)"
+        have = content_hash(self.text)
+        if have != self.content_hash:
+            return (f"was edited after it was resolved (its pins hash to {have[:12]}, "
+                    f"its header says {self.content_hash[:12]})")
+        return None
 
     def roots(self, name: str, tops: set[str]) -> list[str]:
         """The nearest top-level requirements (components) whose closure brought `name` in."""
@@ -99,10 +112,15 @@ def uv_argv(t: Target, requirements: Path, constraints: Path | None, out: Path, 
     return argv
 
 
-def header(t: Target, stack_name: str, native: list[str], commits: dict[str, str] | None = None) -> str:
-    """The lock's header; `commits` (dist -> commit) are the source builds' refs resolved at lock time."""
+def header(t: Target, stack_name: str, native: list[str], commits: dict[str, str] | None = None,
+           base: str | None = None) -> str:
+    """The lock's header; `commits` (dist -> commit) are the source builds' refs resolved at lock time; `base`
+    the base image the closure is installed on, said to be unpinned when it is named by tag."""
     built = ", ".join(t.source_built) or "none"
     sources = "".join(f"# source: {d} {repo} {ref} {(commits or {}).get(d, '?')}\n" for d, repo, ref in t.sources)
+    if base is not None:
+        unpinned = f" (unpinned: a tag, not a digest; `stackbuild validate {stack_name}` says how to pin it)"
+        sources = f"# base image: {base}{'' if '@sha256:' in base else unpinned}\n" + sources
     return (
         f"{HEADER} for {stack_name}; do not edit, regenerate with `stackbuild lock {stack_name}`\n"
         f"# inputs-sha256: {t.inputs_hash()}\n"
@@ -110,6 +128,27 @@ def header(t: Target, stack_name: str, native: list[str], commits: dict[str, str
         f"# built from source in the image, installed from its build stage (not from this file): {built}\n"
         f"# native: {' '.join(native) or '-'}\n"
     ) + sources
+
+
+def body_of(text: str) -> str:
+    """The resolved part of a lock: everything after its leading comment lines (the header)."""
+    lines = text.splitlines(keepends=True)
+    i = next((n for n, ln in enumerate(lines) if not ln.startswith("#")), len(lines))
+    return "".join(lines[i:])
+
+
+def content_hash(text: str) -> str:
+    """sha256 of a lock's resolved part (what uv wrote: every pin, hash and annotation)."""
+    return hashlib.sha256(body_of(text).encode("utf-8")).hexdigest()
+
+
+def seal(text: str) -> str:
+    """The lock with its header recording its content's hash, after the inputs' (one line, replaced if there)."""
+    text = _CONTENT_RE.sub("", text)
+    line = f"# content-sha256: {content_hash(text)}\n"
+    m = _INPUTS_RE.search(text)
+    at = text.index("\n", m.end()) + 1 if m else 0
+    return text[:at] + line + text[at:]
 
 
 _SOURCE_RE = re.compile(r"^# source: (\S+) (\S+) (\S+) ([0-9a-f]{40})$", re.MULTILINE)
@@ -173,7 +212,8 @@ def parse(text: str) -> Lock:
             cur.via.append(_via_name(line.removeprefix("# via ")))
         elif in_via and line.startswith("#   "):
             cur.via.append(_via_name(line.removeprefix("#   ")))
-    return Lock(text, m.group(1) if m else None, entries)
+    c = _CONTENT_RE.search(text)
+    return Lock(text, m.group(1) if m else None, entries, c.group(1) if c else None)
 
 
 def _via_name(s: str) -> str:

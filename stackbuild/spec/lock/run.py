@@ -82,17 +82,16 @@ def _commits(stack: Stack, t: Target, offline: bool) -> dict[str, str]:
     return out
 
 
-def _tools(stack: Stack, t: Target, lock: Lock, offline: bool) -> str | None:
-    """The source stages' build tools and their dependencies, hash-pinned (constrained to the closure's pins)."""
+def _tools(stack: Stack, t: Target, offline: bool) -> str | None:
+    """The source stages' build tools and their dependencies, hash-pinned, resolved apart from the closure."""
     if not t.build_tools:
         return None
-    pins = tuple(f"{e.name}=={e.version}" for e in lock.entries.values())
     head = (
         f"# stackbuild build-tools lock for {stack.name}; do not edit, regenerate with `{lock_command(stack)}`\n"
         f"# inputs-sha256: {t.inputs_hash()}\n"
         f"# what each source stage installs before its build: {' '.join(t.build_tools)}\n"
     )
-    return head + resolve.resolve(t.tools_target(pins), offline=offline)
+    return resolve.seal(head + resolve.resolve(t.tools_target(), offline=offline))
 
 
 def _table(stack: Stack, offline: bool) -> Table | None:
@@ -115,7 +114,7 @@ def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str],
     commits = _commits(stack, t, offline)
     for (dist, repo, ref) in t.sources:
         progress(f"{dist}: {repo} {ref} is {commits[dist]}")
-    tools = _tools(stack, t, lock, offline)
+    tools = _tools(stack, t, offline)
     if offline:
         natives, audits = _audits_offline(stack, lock)
     else:
@@ -130,7 +129,7 @@ def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str],
             audits[n] = known if known is not None and known.sha256 == w.sha256 else auditmod.audit_cached(
                 w.sha256, w.name, lambda w=w: wheels.fetch(w)  # type: ignore[misc]
             )
-    text = resolve.header(t, stack.name, natives, commits) + body
+    text = resolve.seal(resolve.header(t, stack.name, natives, commits, base=stack.base_image) + body)
     lock = resolve.parse(text)
     findings = check.cuda_packages(stack, lock) + check.audit_findings(stack, lock, audits)
     findings += check.unaudited(stack, lock, audits)

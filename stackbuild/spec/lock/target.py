@@ -71,10 +71,12 @@ class Target:
                 del d[key]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
-    def tools_target(self, pins: tuple[str, ...]) -> Target:
-        """The build tools' own resolution: same interpreter, platform, indexes and date, the closure's pins."""
-        return replace(self, requirements=self.build_tools, source_built=(), constraints=self.constraints + pins,
-                       sources=(), build_tools=())
+    def tools_target(self) -> Target:
+        """The build tools' own resolution: same interpreter, platform, indexes, date and constraints, apart from
+        the runtime closure. They are installed (--no-deps, hash-checked) in the source stages only, over the
+        closure, so a tool may pin another version than the closure does (torch's build wants setuptools 75.6.0,
+        sglang's closure pins 84.x): resolved together, the two could never be locked."""
+        return replace(self, requirements=self.build_tools, source_built=(), sources=(), build_tools=())
 
     @property
     def source_dists(self) -> tuple[str, ...]:
