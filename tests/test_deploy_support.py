@@ -95,7 +95,7 @@ def _built_image() -> SimImage:
     # (the sim engine's image does not depend on server flags).
     stack = load_stack("sim", root=REPO_ROOT)
     built = build_stack(stack, registry=f"{REGISTRY}/stackbuild", push=True, root=REPO_ROOT)
-    from stackbuild.host.session import pin
+    from stackbuild.image.ref import pin
 
     assert built.digest
     return SimImage(pin(built.image, built.digest), built.digest)
