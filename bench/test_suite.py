@@ -45,7 +45,8 @@ def pytest(args: list[str], env: dict[str, str]) -> tuple[float, int]:
     took, load1 = time.perf_counter() - t0, os.getloadavg()[0]
     tail = cp.stdout.strip().splitlines()[-1] if cp.stdout.strip() else cp.stderr[-500:]
     if cp.returncode != 0:
-        raise SystemExit(f"pytest {' '.join(args)} failed (exit {cp.returncode}): {tail}")
+        failed = "\n".join(line for line in cp.stdout.splitlines() if line.startswith(("FAILED", "ERROR")))
+        raise SystemExit(f"pytest {' '.join(args)} failed (exit {cp.returncode}): {tail}\n{failed}")
     m = re.search(r"(\d+) passed", tail)
     print(f"pytest {' '.join(args)}: {tail} (load average {load0:.1f} before, {load1:.1f} after)", flush=True)
     return took, int(m.group(1)) if m else 0
