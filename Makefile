@@ -15,7 +15,7 @@ demo: infra install
 # still sit about half idle). A module's tests stay together on one worker unless it says
 # PER_TEST (tests/conftest.py).
 test: infra install lint
-	$(PY) -m pytest -m "integration or not integration" -q -n 5 --dist loadgroup
+	STACKBUILD_FUZZ=full $(PY) -m pytest -m "integration or not integration" -q -n 5 --dist loadgroup
 
 unit: install
 	$(PY) -m pytest -q

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from stackbuild.host import local
-from stackbuild.host.session import pin
 from stackbuild.image.build import build_stack
+from stackbuild.image.ref import pin
 from stackbuild.spec.load import load_stack
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from stackbuild.gate.runner import run_gate
 from stackbuild.results.ledger import Ledger
+from stackbuild.results.recorder import Recorder
 from stackbuild.results.writer import write_report
 from stackbuild.sim.process import sim
 from stackbuild.spec.profile import GateProfile
@@ -26,14 +27,18 @@ SWEEP = GateProfile(concurrency=(1, 2, 8, 30, 64, 250), input_len=32, output_len
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp, Ledger(Path(tmp) / "ledger.db") as ledger:
+    with tempfile.TemporaryDirectory() as tmp:
+        # recorded as every command records (results/recorder.py); the report goes to docs/, not beside it
+        rec = Recorder(Path(tmp) / "ledger.db", report=False)
+        rec.check()
         with sim("--speed", "20", "--profile", "baseline") as s:
             base = run_gate(s.url, SWEEP, name="baseline")
-        ledger.record_gate(base)
+        rec.gate(base)
         for name in ("eagle3-topk1-v2", "eagle3-topk4-v1"):
             with sim("--speed", "20", "--profile", name, "--max-running-requests", "256") as s:
-                ledger.record_gate(run_gate(s.url, SWEEP, name=name, baseline=base))
-        print(write_report(ledger, ROOT / "docs" / "report-example.md"))
+                rec.gate(run_gate(s.url, SWEEP, name=name, baseline=base))
+        with Ledger(rec.path) as ledger:
+            print(write_report(ledger, ROOT / "docs" / "report-example.md"))
     return 0
 
 

@@ -45,7 +45,7 @@ def _pending(p: Project) -> bool:
 def _swap_started(p: Project) -> subprocess.Popen[str]:
     """A slow-loading swap deploy, returned once it marked the host and started its candidate."""
     proc = p.popen("slowload", "--strategy", "swap")
-    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 60, "the candidate to start")
+    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 300, "the candidate to start")
     return proc
 
 
@@ -54,13 +54,13 @@ def test_concurrent_deploy_refused_by_lock(project: Project) -> None:
     ensure_incumbent(p)
     first = p.popen("slowload")
     try:
-        _wait_for(lambda: _pending(p), 60, "the first deploy to start")
+        _wait_for(lambda: _pending(p), 300, "the first deploy to start")
         second = p.deploy("good2")
         out = second.stdout + second.stderr
         assert second.returncode == 4, out
         assert "another deploy holds the host lock" in out and f"pid {first.pid}" in out
     finally:
-        out1, _ = first.communicate(timeout=120)
+        out1, _ = first.communicate(timeout=600)
     assert first.returncode == 0, out1
     assert "--load-s 5" in p.unit_text()
 
@@ -96,7 +96,7 @@ def test_ssh_killed_mid_deploy_restores_then_rerun_converges(project: Project) -
     before = ensure_incumbent(p)
     proc = _swap_started(p)
     assert _kill_ssh_sessions(p.host) >= 1
-    out, _ = proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 4, out
     assert "SSH connection" in out and "lost" in out
     assert "reconnecting once to restore the host" in out

@@ -27,7 +27,7 @@ from test_deploy_support import (
 
 pytestmark = pytest.mark.integration
 
-BOOT_BOUND_S = 60.0
+BOOT_BOUND_S = 300.0  # far above a boot (seconds): a bound for a loaded machine, not a speed claim
 
 
 @pytest.fixture(scope="module")

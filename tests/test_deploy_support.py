@@ -95,7 +95,7 @@ def _built_image() -> SimImage:
     # (the sim engine's image does not depend on server flags).
     stack = load_stack("sim", root=REPO_ROOT)
     built = build_stack(stack, registry=f"{REGISTRY}/stackbuild", push=True, root=REPO_ROOT)
-    from stackbuild.host.session import pin
+    from stackbuild.image.ref import pin
 
     assert built.digest
     return SimImage(pin(built.image, built.digest), built.digest)
@@ -121,8 +121,8 @@ runtime:
   port: {port}
   staging_port: {staging}
   ulimits: {{}}
-  start_timeout_s: 15
-  ready_timeout_s: 10
+  start_timeout_s: 60
+  ready_timeout_s: 60
   restart: on-failure
 gate:
   default_profile: tiny
@@ -187,7 +187,7 @@ class Project:
         return [sys.executable, "-m", "stackbuild", "--root", str(self.root), verb, *rest,
                 *self.host.ssh_args(), *extra]
 
-    def run(self, *args: str, image: str | None = None, timeout: float = 180
+    def run(self, *args: str, image: str | None = None, timeout: float = 600
             ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.cmd(*args, image=image), capture_output=True, text=True,
                               timeout=timeout, cwd=self.root)

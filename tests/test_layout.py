@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import sys
 from pathlib import Path
 
@@ -159,3 +160,132 @@ def test_only_effects_starts_processes() -> None:
             if any(x == "subprocess" or x.startswith("subprocess.") for x in names) and _folder(m) != "effects":
                 found.append(f"{m}:{n.lineno}")
     assert found == []
+
+
+# --------------------------------------------------------------------------- owners and fakes
+
+ROOT = PKG.parent
+# Beside the package, what else ships code a user runs (the benches and scripts measure and regenerate).
+TOOLS = ("bench", "scripts")
+
+
+def _is_fake(mod: str) -> bool:
+    return mod.startswith("stackbuild.testing.") or mod == "stackbuild.testing" or "fake" in mod.rsplit(".", 1)[-1]
+
+
+def _imports(f: Path) -> set[str]:
+    out: set[str] = set()
+    for n in ast.walk(_tree(f)):
+        if isinstance(n, ast.Import):
+            out |= {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            out |= {n.module, *(f"{n.module}.{a.name}" for a in n.names)}
+    return out
+
+
+def test_only_fakes_and_tests_import_a_fake() -> None:
+    """Production code never imports a fake (the fakes are for tests: stackbuild/testing/)."""
+    mods = _modules()
+    users = {m: f for m, f in mods.items() if not _is_fake(m)}
+    users |= {str(f.relative_to(ROOT)): f for d in TOOLS for f in (ROOT / d).rglob("*.py")}
+    found = sorted(f"{m} -> {t}" for m, f in users.items() for t in _imports(f) if t in mods and _is_fake(t))
+    assert found == []
+
+
+def test_only_effects_opens_urls() -> None:
+    """HTTP has one owner (effects/http.py): no urlopen in the package outside effects/, nor in scripts/."""
+    files = {m: f for m, f in _modules().items() if _folder(m) != "effects"}
+    files |= {str(f.relative_to(ROOT)): f for f in (ROOT / "scripts").rglob("*.py")}
+    found = sorted(f"{m}:{n.lineno}" for m, f in files.items() for n in ast.walk(_tree(f))
+                   if (isinstance(n, ast.Attribute) and n.attr == "urlopen")
+                   or (isinstance(n, ast.Name) and n.id == "urlopen")
+                   or (isinstance(n, ast.ImportFrom) and any(a.name == "urlopen" for a in n.names)))
+    assert found == []
+
+
+# Public names defined at the top of modules in two or more packages, each with why it may stay.
+# Each is a twin a reader can confuse; the list is to shrink, never to grow without a reason.
+TWINS_ALLOWED: dict[str, str] = {
+    "DOCKER": "host/local (the test host's CLI) and render/stack (the unit's ExecStart): the same path, "
+              "two owners; one constant in effects/ is to come",
+    "ENV_DIR": "host/secrets and render/stack: the same /etc/stackbuild, read by the unit and written by "
+               "the deploy; to be one constant",
+    "Entry": "spec/components (a component table row) vs spec/lock/resolve (a locked distribution)",
+    "Gateway": "effects/gateway (the worker API protocol) vs spec/gateway (the spec's gateway section)",
+    "HostRow": "fleet/rollout's row and the structural Protocol results/recorder writes from (no upward import)",
+    "Recorder": "results/recorder's class and the Protocol fleet/rollout records through (no upward import)",
+    "Report": "results/report (the results table) vs spec/lock/verify (a verify run's lines)",
+    "Result": "results/display (a host's deploy decided) vs spec/lock/run (a lock run's output)",
+    "SCHEMA_VERSION": "gate/result (the result JSON's schema) vs results/schema (the ledger's migrations)",
+    "Sampler": "sim/model (the simulator's noise) vs fleet/soak (a soak's sample source)",
+    "Step": "gate/capacity (a probed level), host/outcome (a deploy step), results/display (a step event)",
+    "client": "image/engine (the Docker SDK client) vs cli/demo_gateway (the demo's client load)",
+    "context": "image/gateway (a build context on disk) vs render/lockctx (a template context)",
+    "gateway_target": "host/reach (the gateway's SSH target) vs spec/gateway_check (smg's lock target)",
+    "header": "spec/gateway_check (the gateway lock's header) vs spec/lock/resolve (the stack lock's)",
+    "judge": "gate/agreement (output agreement) vs fleet/soak (a soak sample's regressions)",
+    "lock_command": "spec/gateway_check and spec/lock/target: the command that writes each lock",
+    "lock_path": "spec/gateway_check and spec/lock/target: where each lock lives",
+    "lock_text": "spec/gateway_check and spec/lock/locked: each lock's committed text",
+    "parse": "sim/api (a request body) vs spec/lock/resolve (a lock file)",
+    "parser_argv": "image/smoke (in the image) vs spec/lock/verify (in a scratch venv): the same check, two places",
+    "read_lock": "host/state (the host's deploy lock) vs spec/lock/check (the dependency lock)",
+    "render": "fleet/status (the status table) vs sim/metrics (Prometheus text)",
+    "run": "effects/proc (a child), effects/aio (an event loop), gate/agreement, cli/main (the console script)",
+    "run_once": "image/engine (a container) vs gate/loadgen (one request)",
+    "start": "host/local, host/units (a unit) and sim/lm (a completion's first bytes)",
+    "status": "effects/http (a GET's status) vs host/converge (a host's status)",
+    "table": "fleet/session (a rollout's table) vs spec/lock/run (a lock's summary)",
+}
+
+
+def _package(mod: str, f: Path) -> str:
+    return mod if f.name == "__init__.py" else mod.rsplit(".", 1)[0]
+
+
+def _public_twins() -> dict[str, set[str]]:
+    where: dict[str, set[str]] = {}
+    for m, f in _modules().items():
+        for n in _tree(f).body:
+            names: list[str] = []
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names = [n.name]
+            elif isinstance(n, ast.Assign) and not (isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
+                                                    and n.value.func.id == "TypeVar"):
+                names = [t.id for t in n.targets if isinstance(t, ast.Name)]
+            elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+                names = [n.target.id]
+            for name in names:
+                if not name.startswith("_"):
+                    where.setdefault(name, set()).add(m)
+    files = _modules()
+    return {name: ms for name, ms in where.items() if len({_package(m, files[m]) for m in ms}) > 1}
+
+
+def test_no_public_name_is_defined_in_two_packages_without_a_reason() -> None:
+    found = _public_twins()
+    new = sorted(f"{name}: {sorted(found[name])}" for name in set(found) - set(TWINS_ALLOWED))
+    assert new == [], "rename one of them, or list it in TWINS_ALLOWED with why both may stay"
+    assert set(TWINS_ALLOWED) - set(found) == set(), "gone: remove it from TWINS_ALLOWED"
+
+
+def test_the_owner_checks_see_what_they_forbid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "stackbuild"
+    for rel, text in {
+        "__init__.py": "",
+        "testing/__init__.py": "",
+        "testing/fake_host.py": "class FakeHost: ...\n",
+        "host/__init__.py": "",
+        "host/deploy.py": "from stackbuild.testing.fake_host import FakeHost\nStep = 1\n",
+        "gate/__init__.py": "",
+        "gate/run.py": "import urllib.request\nurllib.request.urlopen('x')\nclass Step: ...\n",
+        "gate/twin.py": "class Step: ...\n",  # its own package: not a twin
+    }.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "PKG", pkg)
+    with pytest.raises(AssertionError, match=re.escape("stackbuild.host.deploy -> stackbuild.testing.fake_host")):
+        test_only_fakes_and_tests_import_a_fake()
+    with pytest.raises(AssertionError, match=re.escape("stackbuild.gate.run:2")):
+        test_only_effects_opens_urls()
+    assert _public_twins() == {"Step": {"stackbuild.host.deploy", "stackbuild.gate.run", "stackbuild.gate.twin"}}

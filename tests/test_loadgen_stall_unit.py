@@ -27,7 +27,7 @@ WL = Workload(input_len=4, output_len=4, stall_timeout_s=0.5, timeout_s=30.0, wa
 @dataclass
 class Server:
     stalls: int  # the first this many requests stall after one chunk
-    slow: int = 0  # the next this many take 3 s (a chunk each 0.25 s): in flight when the stall is decided
+    slow: int = 0  # the next this many take 30 s (a chunk each 0.25 s): in flight when the stall is decided
     seen: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -43,7 +43,7 @@ class Server:
                 await self.release.wait()  # stalled: the client's stall bound ends it
                 return resp
             slow = n < self.stalls + self.slow
-            for _ in range(12 if slow else WL.output_len - 1):
+            for _ in range(120 if slow else WL.output_len - 1):
                 await asyncio.sleep(0.25 if slow else 0.02)
                 await resp.write(chunk)
             usage = {"choices": [], "usage": {"completion_tokens": WL.output_len, "prompt_tokens": WL.input_len}}
@@ -76,7 +76,7 @@ def _run(coro: Any) -> Any:
 
 def test_the_first_stalled_request_ends_the_run_when_none_may_fail() -> None:
     async def go() -> tuple[list[loadgen.RequestRecord], float, int]:
-        # the other 3 workers' first requests take 3 s: certainly in flight at the 0.5 s stall bound
+        # the other 3 workers' first requests take 30 s: certainly in flight at the 0.5 s stall bound
         async with serving(stalls=1, slow=3) as (url, srv):
             prompts = [[1000 + i] * WL.input_len for i in range(400)]
             t0 = time.monotonic()
@@ -85,9 +85,10 @@ def test_the_first_stalled_request_ends_the_run_when_none_may_fail() -> None:
 
     records, took, sent = _run(go())
     # decided at the stall bound: the other workers' requests in flight were cancelled, unrecorded
-    # (they would have ended after 3 s), and nothing more was sent
+    # (they would have ended after 30 s; half that is a bound no loaded machine reaches), and
+    # nothing more was sent
     assert [r.error for r in records] == ["stalled: no byte for 0.5s"]
-    assert sent == 4 and took < 2.5
+    assert sent == 4 and took < 15
 
 
 def test_failures_within_the_allowance_do_not_end_the_run() -> None:

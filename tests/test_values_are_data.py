@@ -9,6 +9,7 @@ whether a value stayed inside its slot.
 
 from __future__ import annotations
 
+import copy
 import re
 import shlex
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers_fuzz import examples
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -68,7 +70,7 @@ HOSTILE = [
 
 
 def _set(tree: dict[str, Any], path: tuple[Any, ...], value: str) -> dict[str, Any]:
-    out: dict[str, Any] = yaml.safe_load(yaml.safe_dump(tree))
+    out: dict[str, Any] = copy.deepcopy(tree)
     node: Any = out
     for part in path[:-1]:
         node = node.setdefault(part, {})
@@ -192,7 +194,8 @@ values = st.one_of(
     st.text(alphabet="abc-_.:/=+ %$\\\"'\n;", max_size=20),
     st.from_regex(r"[a-z0-9][a-z0-9.+-]{1,12}", fullmatch=True),
 )
-PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(max_examples=examples(400), deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @PROPERTY

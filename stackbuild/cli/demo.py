@@ -54,8 +54,9 @@ def demo_cmd(ctx: click.Context, keep_host: bool, registry: str, host_name: str,
              show_progress: bool | None) -> None:
     """Whole pipeline on the local sim stack and a local test host; prints the results table."""
     from stackbuild.host import local
-    from stackbuild.host.session import DeployArgs, pin, run_deploy
+    from stackbuild.host.session import DeployArgs, run_deploy
     from stackbuild.host.ssh import SshOptions
+    from stackbuild.image.ref import pin
     from stackbuild.paths import stack_root
     from stackbuild.spec.load import load_stack
 

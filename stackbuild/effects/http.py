@@ -12,7 +12,7 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +79,20 @@ def request(
         return Reply(int(err.code), err.read() or b"", _lower(err.headers.items()) if err.headers else {})
     except (OSError, ValueError) as err:  # refused, reset, timed out, bad URL
         raise NoAnswer(method, url, str(getattr(err, "reason", err))) from None
+
+
+def download(url: str, write: Callable[[bytes], object], *, timeout: float = 120.0,
+             chunk: int = 1 << 20) -> None:
+    """Stream a 200 answer's body to `write`, a chunk at a time (an index's wheel: too big to hold);
+    any other status is a BadAnswer, nothing at all a NoAnswer."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url), timeout=timeout) as resp:
+            for part in iter(lambda: resp.read(chunk), b""):
+                write(part)
+    except urllib.error.HTTPError as err:
+        raise BadAnswer(f"GET {url}: HTTP {err.code}") from None
+    except (OSError, ValueError) as err:  # refused, reset, timed out, bad URL
+        raise NoAnswer("GET", url, str(getattr(err, "reason", err))) from None
 
 
 def _lower(items: Iterable[tuple[str, str]]) -> dict[str, str]:

@@ -9,7 +9,6 @@ converges it.
 
 from __future__ import annotations
 
-import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -33,6 +32,7 @@ from stackbuild.image import registry
 from stackbuild.image.build import BuildResult, build_stack
 from stackbuild.image.context import rendered_for_image
 from stackbuild.image.gateway import build_gateway
+from stackbuild.image.ref import pin, split_pinned
 from stackbuild.render.gateway import pool_urls
 from stackbuild.render.stack import image_ref, render_unit
 from stackbuild.results.display import Display, Log, Note, Result, Sink, bind
@@ -45,7 +45,6 @@ from stackbuild.results.steplog import StepLog, deploy_log_path
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 from stackbuild.spec.stack import Stack
 
-_PINNED = re.compile(r"^(?P<repo>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 __all__ = ["Endpoint", "Reach"]  # their home is host/reach.py; callers import them from here too
 
 
@@ -91,23 +90,6 @@ def deploy_args(opts: RunOptions, *, stack: Stack, host_text: str) -> DeployArgs
     common = {f.name: getattr(opts, f.name) for f in fields(RunOptions)}
     return DeployArgs(**(common | {"stack": stack}), host_text=host_text, strategy=stack.host.strategy,
                       report=False)
-
-
-def split_pinned(ref: str) -> tuple[str, str]:
-    """`REPO@sha256:HEX` -> (REPO, digest); anything else is an InputError."""
-    m = _PINNED.match(ref.strip())
-    if not m:
-        raise InputError(f"--image {ref!r}: give a pinned reference REPO@sha256:<64 hex digits>")
-    return m["repo"], m["digest"]
-
-
-def pin(image: str, digest: str) -> str:
-    """`HOST:PORT/REPO:TAG` + digest -> `HOST:PORT/REPO@digest` (the tag dropped)."""
-    repo = image.split("@", 1)[0]
-    last = repo.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo = repo[: len(repo) - len(last)] + last.split(":", 1)[0]
-    return f"{repo}@{digest}"
 
 
 def gate_profile(stack: Stack, name: str | None) -> GateProfile:

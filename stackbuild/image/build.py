@@ -21,6 +21,7 @@ from typing import Any
 from stackbuild.errors import InfraError, InputError
 from stackbuild.image import buildkit, context, engine
 from stackbuild.image import registry as reg
+from stackbuild.image.ref import pin
 from stackbuild.image.smoke import smoke_test
 from stackbuild.paths import cache_dir
 from stackbuild.render.stack import image_ref
@@ -44,7 +45,7 @@ class BuildResult:
 
     @property
     def repo_digest(self) -> str | None:
-        return f"{self.image.rsplit(':', 1)[0]}@{self.digest}" if self.digest else None
+        return pin(self.image, self.digest) if self.digest else None
 
 
 @dataclass(frozen=True)

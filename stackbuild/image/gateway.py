@@ -20,6 +20,7 @@ from pathlib import Path
 from stackbuild.errors import InfraError, InputError
 from stackbuild.image import buildkit, engine
 from stackbuild.image import registry as reg
+from stackbuild.image.ref import pin
 from stackbuild.paths import cache_dir
 from stackbuild.render.gateway import gateway_image_ref, render_gateway
 from stackbuild.spec.gateway_check import gateway_target, lock_command, lock_text
@@ -57,24 +58,19 @@ def context(stack: Stack, dest: Path) -> Path:
     return dest
 
 
-def pinned(ref: str, digest: str) -> str:
-    """REPO:TAG + digest -> REPO@digest."""
-    return f"{ref.rsplit(':', 1)[0]}@{digest}"
-
-
 def build_gateway(stack: Stack, registry: str, *, echo: Callable[[str], None], dry_run: bool = False) -> str:
     """The gateway image in `registry` (built with BuildKit from `context` and pushed unless the registry
     has it already: its tag is the hash of its Dockerfile and lock), pinned by digest."""
     ref = gateway_image_ref(stack, render_gateway(stack).content_hash, registry)
     if dry_run:
         echo(f"would build and push the gateway image {ref} unless the registry has it, then run it by digest")
-        return pinned(ref, "sha256:" + "0" * 64)
+        return pin(ref, "sha256:" + "0" * 64)
     try:
         have = reg.manifest_digest(reg.parse_ref(ref))
     except InfraError:
         have = None
     if have:
-        return pinned(ref, have)
+        return pin(ref, have)
     with tempfile.TemporaryDirectory(prefix="stackbuild-gateway-") as tmp:
         ctx = context(stack, Path(tmp) / "context")
         builder = buildkit.find_builder()
@@ -85,4 +81,4 @@ def build_gateway(stack: Stack, registry: str, *, echo: Callable[[str], None], d
                               timeout=BUILD_TIMEOUT_S)
     digest = engine.push(engine.client(), ref)
     echo(f"pushed the gateway image {ref} ({digest})")
-    return pinned(ref, digest)
+    return pin(ref, digest)

@@ -8,17 +8,16 @@ is checked against that sha256 before it lands under its final name.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.tags import Tag
 from packaging.utils import parse_wheel_filename
 
+from stackbuild.effects import http
 from stackbuild.errors import InfraError
 from stackbuild.paths import cache_dir
 from stackbuild.spec.lock.resolve import Entry
@@ -72,11 +71,12 @@ def choose(files: list[WheelFile], t: Target) -> WheelFile | None:
 
 def index_files(index: str, name: str) -> list[WheelFile]:
     url = f"{index.rstrip('/')}/{name}/"
-    req = urllib.request.Request(url, headers={"Accept": ACCEPT})
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            data = json.load(r)
-    except (OSError, ValueError) as err:
+        reply = http.get(url, headers={"Accept": ACCEPT}, timeout=60)
+        if reply.status != 200:
+            raise http.BadAnswer(f"GET {url}: HTTP {reply.status}")
+        data = reply.json()
+    except (http.HttpFailure, ValueError) as err:
         raise InfraError(f"cannot list {name} on {index}: {err}") from err
     return [
         WheelFile(f["filename"], urllib.parse.urljoin(url, f["url"]), f["hashes"]["sha256"])
@@ -108,14 +108,16 @@ def fetch(w: WheelFile) -> Path:
     fd, tmp = tempfile.mkstemp(dir=dest.parent, suffix=".part")
     h = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(w.url, timeout=120) as r:
-            for chunk in iter(lambda: r.read(1 << 20), b""):
+        with os.fdopen(fd, "wb") as out:
+            def write(chunk: bytes) -> None:
                 h.update(chunk)
                 out.write(chunk)
+
+            http.download(w.url, write, timeout=120)
         if h.hexdigest() != w.sha256:
             raise InfraError(f"{w.name}: downloaded sha256 {h.hexdigest()} is not the locked {w.sha256}")
         os.replace(tmp, dest)
-    except OSError as err:
+    except (OSError, http.HttpFailure) as err:
         raise InfraError(f"downloading {w.name}: {err}") from err
     finally:
         if os.path.exists(tmp):
