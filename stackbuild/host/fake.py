@@ -31,7 +31,6 @@ from stackbuild.host.fake_server import (
 )
 from stackbuild.host.fake_systemd import FakeSystemd, SysUnit
 from stackbuild.host.gateway import KEY_SCRIPT, POOL_SCRIPT, RECORDS_SCRIPT
-from stackbuild.host.gateway import POOL_SCRIPT, RECORDS_SCRIPT
 from stackbuild.host.pcie import PCIE_SCRIPT, TOPO_P2P_READ
 from stackbuild.host.preflight import (
     CDI_SCRIPT,

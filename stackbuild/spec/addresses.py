@@ -18,10 +18,10 @@ from stackbuild.spec.fleet import FleetHost
 from stackbuild.spec.kinds import SSH_TARGET
 from stackbuild.spec.yamlpos import Pos
 
-RULE = "addresses"
+_RULE = "addresses"
 
 
-def machine(target: str) -> str:
+def _machine(target: str) -> str:
     """The machine an SSH target reaches: its host (lower case) and SSH port, the user aside."""
     m = SSH_TARGET.match(target)
     if m is None:
@@ -54,7 +54,7 @@ def clash_findings(hosts: Sequence[Placed], pos: Callable[[int, str], Pos], wher
 
     def err(i: int, key: str, msg: str) -> None:
         p = pos(i, key)
-        out.append(Finding(p.file, p.line, p.col, "error", f"{where}.{i}: {msg}", RULE))
+        out.append(Finding(p.file, p.line, p.col, "error", f"{where}.{i}: {msg}", _RULE))
 
     for h in hosts:
         if h.port == h.staging_port:
@@ -62,15 +62,15 @@ def clash_findings(hosts: Sequence[Placed], pos: Callable[[int, str], Pos], wher
                 "candidate must bind a port the incumbent does not hold: give it another staging_port")
             continue
         for e in hosts[: h.index]:
-            if machine(e.target) != machine(h.target):
+            if _machine(e.target) != _machine(h.target):
                 continue
             if e.service == h.service:
-                err(h.index, "name", f"host {h.name} is {e.name} again (address {machine(h.target)}, service "
+                err(h.index, "name", f"host {h.name} is {e.name} again (address {_machine(h.target)}, service "
                     f"{h.service}): a host takes one place in a rollout; remove one, or give it its own service")
                 break
             shared = sorted({e.port, e.staging_port} & {h.port, h.staging_port})
             if shared:
                 err(h.index, "port", f"host {h.name} shares port(s) {', '.join(map(str, shared))} with {e.name} "
-                    f"on the same address {machine(h.target)}: give each service its own port and staging_port")
+                    f"on the same address {_machine(h.target)}: give each service its own port and staging_port")
                 break
     return out
