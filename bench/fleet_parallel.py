@@ -23,10 +23,10 @@ from pathlib import Path
 from _local import sim_image
 
 from stackbuild.effects.net import free_port
-from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.rollout import each
+from stackbuild.flows.deploy_host import RunOptions
+from stackbuild.flows.rollout_ops import RealOps
 from stackbuild.host import local
-from stackbuild.host.session import RunOptions
 from stackbuild.host.ssh import SshOptions
 from stackbuild.spec.fleet import FleetHost
 from stackbuild.spec.load import load_stack

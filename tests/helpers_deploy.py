@@ -18,7 +18,6 @@ from typing import Any
 
 from stackbuild.gate.result import GateResult, ProbeResult, Workload
 from stackbuild.host.deploy import deploy
-from stackbuild.host.fake import SERVES, Behaviour, FakeHost
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.request import DeployRequest, Services
 from stackbuild.host.state import HostPaths, HostState, read_state
@@ -26,6 +25,7 @@ from stackbuild.render.stack import render_unit
 from stackbuild.spec.load import load_stack
 from stackbuild.spec.profile import GateProfile
 from stackbuild.spec.stack import Stack
+from stackbuild.testing.fake_host import SERVES, Behaviour, FakeHost
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "127.0.0.1:5000/stackbuild"

@@ -1,7 +1,7 @@
-"""A fleet of scripted FakeHosts for unit tests of `stackbuild deploy --fleet` (fleet.session.run_fleet)
-and `status --fleet` (fleet.status.read_fleet).
+"""A fleet of scripted FakeHosts for unit tests of `stackbuild deploy --fleet` (flows.rollout.run_fleet)
+and `status --fleet` (flows.fleet_status.read_fleet).
 
-The rollout runs the real ops (fleet.ops.RealOps), and through them the real single-host
+The rollout runs the real ops (flows.rollout_ops.RealOps), and through them the real single-host
 code (converge.settle, preflight, run_deploy and the deploy flow, the soak's samples,
 converge.rollback), on each host's clock. Only how a host is reached is a stand-in: `FakeReach`
 hands out the fake host as the connection, its servers as the HTTP side, and the gate
@@ -18,16 +18,13 @@ from typing import Any
 from helpers_deploy import CANDIDATE, REPO, FakeGate, sim_stack, state, with_incumbent
 
 from stackbuild.effects.gateway import Gateway
-from stackbuild.effects.gateway_fake import FakeGateway
 from stackbuild.effects.readiness import Pace, Probe
 from stackbuild.errors import InfraError
-from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.rollout import DeployResult, HostView
-from stackbuild.fleet.session import FleetArgs, run_fleet
-from stackbuild.host.fake import SERVES, Client, FakeHost
-from stackbuild.host.fake_systemd import env_values
+from stackbuild.flows.deploy_host import Reach, RunOptions
+from stackbuild.flows.rollout import FleetArgs, run_fleet
+from stackbuild.flows.rollout_ops import RealOps
 from stackbuild.host.request import GateFn
-from stackbuild.host.session import Reach, RunOptions
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions
 from stackbuild.host.state import HostState
 from stackbuild.render.gateway import KEY_VAR, key_file, pool_file, pool_urls
@@ -35,6 +32,9 @@ from stackbuild.results.display import Sink
 from stackbuild.spec.fleet import Fleet, FleetHost
 from stackbuild.spec.gateway import Gateway as GatewaySpec
 from stackbuild.spec.stack import Stack
+from stackbuild.testing.fake_gateway import FakeGateway
+from stackbuild.testing.fake_host import SERVES, Client, FakeHost
+from stackbuild.testing.fake_systemd import env_values
 
 GW_IMAGE = f"{REPO}@sha256:" + "9" * 64  # the gateway's image, as if built and pushed
 _GATEWAY = sim_stack().gateway

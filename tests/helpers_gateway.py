@@ -24,8 +24,8 @@ from stackbuild.gate.background import BackgroundLoad
 from stackbuild.paths import shipped_dir
 from stackbuild.render.gateway import KEY_VAR, LAUNCHER, launcher_argv
 from stackbuild.spec.gateway import Gateway, HealthCheck
-from stackbuild.spec.gateway_check import gateway_target, lock_path
 from stackbuild.spec.load import load_stack
+from stackbuild.spec.lock.smg import gateway_target, lock_path
 
 ROOT = shipped_dir("stacks").parent
 

@@ -31,8 +31,8 @@ from test_converge_unit import conv
 
 from stackbuild.gate.result import GateResult
 from stackbuild.host import converge, units
-from stackbuild.host.fake import Client, FakeHost, Killed
 from stackbuild.host.ssh import sh_argv
+from stackbuild.testing.fake_host import Client, FakeHost, Killed
 
 Argv = list[str]
 PENDING = ["<put>", PATHS.state_file, "0644"]
@@ -70,7 +70,7 @@ def _killed_deploy(strategy: str, step: str) -> FakeHost:
     host.client = Client(die_before=before, die_after=after)
     with pytest.raises(Killed):
         run(host, strategy, gate=_killing_gate(host) if step == "gating" else FakeGate(host))
-    assert host.client.dead and PATHS.lock_dir in host.dirs  # nothing cleaned up after a SIGKILL
+    assert host.client.dead and PATHS.lease_dir in host.dirs  # nothing cleaned up after a SIGKILL
     host.client = Client()  # the next stackbuild process
     return host
 
@@ -105,7 +105,7 @@ def test_a_deploy_killed_at_any_step_then_rerun_without_a_reboot_finishes(strate
         assert (rep.outcome, rep.exit_code) == ("promoted", 0), (step, rep.render())
         assert "broke a stale lock" in rep.steps[0].detail
         # what the killed run left is gone: candidate and switch units, the override, the lock
-        left = {*PATHS.candidate_paths, *PATHS.switch_paths, PATHS.override_path, PATHS.lock_dir} & (
+        left = {*PATHS.candidate_paths, *PATHS.switch_paths, PATHS.override_path, PATHS.lease_dir} & (
             host.files.keys() | host.dirs.keys())
         assert (left, set(host.running), host.serving(PORT)) == (set(), {MAIN}, CANDIDATE), step
         assert host.enabled == {MAIN: PATHS.main_path} and host.files[PATHS.main_path] == unit_text(CANDIDATE)
@@ -141,13 +141,13 @@ def test_a_rollback_killed_at_any_step_boots_what_the_state_names_and_reruns(ste
     assert run(host).exit_code == 0  # CANDIDATE current, INCUMBENT previous
     host.client = Client(die_after=ROLLBACK_STEPS[step])
     with pytest.raises(Killed):
-        converge.rollback(host, PATHS, conv(host), lock_ttl_s=900)
+        converge.rollback(host, PATHS, conv(host), lease_ttl_s=900)
     host.client = Client()
     want = INCUMBENT if step == "committed" else CANDIDATE
     assert state(host).current is not None and state(host).current.image == want  # type: ignore[union-attr]
     assert_boots_what_the_state_names(host)
     if step != "committed":
-        done = converge.rollback(host, PATHS, conv(host), lock_ttl_s=900)
+        done = converge.rollback(host, PATHS, conv(host), lease_ttl_s=900)
         assert done.current is not None and done.current.image == INCUMBENT
         assert_boots_what_the_state_names(host)
 

@@ -25,11 +25,11 @@ from helpers_deploy import (
 
 from stackbuild.errors import InfraError, InputError
 from stackbuild.host import converge, secrets, units
-from stackbuild.host.fake import NEVER_LISTENS, FakeHost
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.ssh import READ_FILE_SCRIPT, sh_argv
 from stackbuild.host.state import HostState
 from stackbuild.host.unit_probe import BOOT_PROPERTIES, POLL_SCRIPT, show_argv
+from stackbuild.testing.fake_host import NEVER_LISTENS, FakeHost
 
 RESTORE_SECRETS = sh_argv(secrets.RESTORE_SCRIPT, ENV, BACKUP, CAND_ENV)
 REMOVE_CAND = sh_argv(units.REMOVE_SCRIPT, CAND_UNIT, *PATHS.files_of("staging"))
@@ -120,22 +120,22 @@ def test_rollback_makes_the_previous_release_current_again() -> None:
     assert run(host).exit_code == 0
     promoted = state(host)
     c = conv(host)
-    done = converge.rollback(host, PATHS, c, lock_ttl_s=900)
+    done = converge.rollback(host, PATHS, c, lease_ttl_s=900)
     assert promoted.current is not None and promoted.previous is not None
     assert (done.current, done.previous, done.pending) == (promoted.previous, promoted.current, None)
     assert (done.last_verdict, done.last_cause, done.last_image) == ("rollback", "manual rollback", INCUMBENT)
     assert state(host) == done
     assert host.files[PATHS.unit_path(MAIN)] == unit_text(INCUMBENT) and host.serving(PORT) == INCUMBENT
     assert (c.report.outcome, c.report.exit_code, c.report.image) == ("rolled-back", 0, INCUMBENT)
-    assert c.report.downtime_s == 2.0 and PATHS.lock_dir not in host.dirs
+    assert c.report.downtime_s == 2.0 and PATHS.lease_dir not in host.dirs
 
 
 def test_rollback_without_a_previous_release_is_an_input_error() -> None:
     host = with_incumbent()
     before = state(host)
     with pytest.raises(InputError, match="has no previous release to roll back to"):
-        converge.rollback(host, PATHS, conv(host), lock_ttl_s=900)
-    assert state(host) == before and PATHS.lock_dir not in host.dirs
+        converge.rollback(host, PATHS, conv(host), lease_ttl_s=900)
+    assert state(host) == before and PATHS.lease_dir not in host.dirs
 
 
 def test_a_restore_whose_incumbent_will_not_serve_is_an_infra_error_naming_journalctl() -> None:
@@ -144,20 +144,20 @@ def test_a_restore_whose_incumbent_will_not_serve_is_an_infra_error_naming_journ
     host.servers[INCUMBENT] = NEVER_LISTENS  # e.g. its model volume is gone now
     c = conv(host)
     with pytest.raises(InfraError) as err:
-        converge.rollback(host, PATHS, c, lock_ttl_s=900)
+        converge.rollback(host, PATHS, c, lease_ttl_s=900)
     assert str(err.value) == (
         f"{host.address}: {INCUMBENT} did not serve again after the restore (not ready after 60s (stuck at: port; "
         f"port {PORT} not listening on the host)); check `journalctl -u {MAIN}` on the host")
     # rollback put the release it replaced back, verified serving, and cleared pending
     after = state(host)
     assert after.current is not None and after.current.image == CANDIDATE and after.pending is None
-    assert host.serving(PORT) == CANDIDATE and PATHS.lock_dir not in host.dirs
+    assert host.serving(PORT) == CANDIDATE and PATHS.lease_dir not in host.dirs
 
 
 def test_status_reads_state_unit_container_and_lock() -> None:
     host = with_incumbent()
-    host.dirs[PATHS.lock_dir] = host.now
-    host.files[f"{PATHS.lock_dir}/owner.json"] = '{"host": "elsewhere", "pid": 7, "started": 1, "what": "deploy x"}'
+    host.dirs[PATHS.lease_dir] = host.now
+    host.files[f"{PATHS.lease_dir}/owner.json"] = '{"host": "elsewhere", "pid": 7, "started": 1, "what": "deploy x"}'
     s = converge.status(host, PATHS)
     assert (s.active, s.running_image, s.state) == (True, INCUMBENT, state(host))
     assert "LOCKED: deploy x by pid 7 on elsewhere" in s.render(host.address)

@@ -10,7 +10,7 @@ from stackbuild.errors import InfraError
 from stackbuild.host.deploy import hold_bound_s
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.request import DeployRequest
-from stackbuild.host.state import LockOwner, is_stale, me
+from stackbuild.host.state import LeaseOwner, is_stale, me
 from stackbuild.results.display import Event, Step
 from stackbuild.spec.load import load_stack
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
@@ -18,12 +18,12 @@ from stackbuild.spec.stack import Stack
 
 
 def test_lock_owner_declares_until_and_readers_honour_it() -> None:
-    o = LockOwner("other", 1, 1000.0, "deploy x", until=1500.0)
-    assert LockOwner.from_json(o.to_json()) == o
+    o = LeaseOwner("other", 1, 1000.0, "deploy x", until=1500.0)
+    assert LeaseOwner.from_json(o.to_json()) == o
     # a reader assuming a 60 s TTL still waits for the holder's own bound, and not longer
     assert not is_stale(o, now=1400, ttl_s=60, local_host="box")
     assert is_stale(o, now=1501, ttl_s=10**6, local_host="box")
-    old = LockOwner.from_json('{"host": "other", "pid": 1, "started": 1000, "what": "x"}')
+    old = LeaseOwner.from_json('{"host": "other", "pid": 1, "started": 1000, "what": "x"}')
     assert old is not None and old.until is None and is_stale(old, now=1061, ttl_s=60, local_host="box")
     mine = me("deploy y", 100.0)
     assert mine.until is not None and round(mine.until - mine.started, 3) == 100.0

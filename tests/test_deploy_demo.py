@@ -15,7 +15,7 @@ from helpers_gateway import DemoRun, demo_with_client
 from test_deploy_support import REPO_ROOT, need_infra
 
 from stackbuild.effects.net import free_port
-from stackbuild.spec.gateway_check import LOCK_DIR
+from stackbuild.spec.lock.smg import LOCK_DIR
 
 pytestmark = pytest.mark.integration
 

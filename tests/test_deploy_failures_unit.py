@@ -27,10 +27,10 @@ from helpers_deploy import (
     with_incumbent,
 )
 
+from stackbuild.flows.deploy_host import Interrupted
 from stackbuild.host.crash import classify
-from stackbuild.host.fake import FAILS_FIRST_GENERATION, NEVER_LISTENS, SERVES, UNHEALTHY, Behaviour, crashes
-from stackbuild.host.session import Interrupted
 from stackbuild.host.unit_probe import UnitProbe
+from stackbuild.testing.fake_host import FAILS_FIRST_GENERATION, NEVER_LISTENS, SERVES, UNHEALTHY, Behaviour, crashes
 
 NO_KERNEL = "RuntimeError: CUDA error: no kernel image is available for execution on the device"
 IMA = "CUDA error: an illegal memory access was encountered"
@@ -66,7 +66,7 @@ SIGNATURES = {"crash": ("no-kernel-image", NO_KERNEL), "first-generation": ("ill
 
 
 def assert_incumbent_back(host: object, before: dict[str, object], strategy: str, started: float) -> None:
-    from stackbuild.host.fake import FakeHost
+    from stackbuild.testing.fake_host import FakeHost
 
     assert isinstance(host, FakeHost)
     assert host.files[PATHS.unit_path(MAIN)] == unit_text(INCUMBENT)
@@ -76,7 +76,7 @@ def assert_incumbent_back(host: object, before: dict[str, object], strategy: str
     assert host.serving(PORT) == INCUMBENT
     if strategy == "side-by-side":  # never stopped, never restarted
         assert host.running[MAIN].started_at == started
-    assert PATHS.lock_dir not in host.dirs
+    assert PATHS.lease_dir not in host.dirs
     after = settled(state(host))
     assert (after["current"], after["previous"], after["pending"]) == (before["current"], before["previous"], None)
 

@@ -72,7 +72,7 @@ def test_first_deploy_promotes_commits_and_sends_exactly_these_commands() -> Non
     assert not {BACKUP, BACKUP + ".absent", CAND_ENV} & host.files.keys()
     assert host.running[MAIN].image == CANDIDATE and host.running[MAIN].env == {"HF_TOKEN": "tok"}
     assert [(c.served_by, c.baseline, c.url) for c in gate.calls] == [(CANDIDATE, None, f"http://127.0.0.1:{PORT}")]
-    assert PATHS.lock_dir not in host.dirs
+    assert PATHS.lease_dir not in host.dirs
     # committed: the unit in /etc, enabled (linked to that file), the override gone
     main = PATHS.main_path
     assert (host.files[main], host.fragments[MAIN], host.enabled) == (unit_text(CANDIDATE), main, {MAIN: main})
@@ -83,7 +83,7 @@ def test_first_deploy_promotes_commits_and_sends_exactly_these_commands() -> Non
     inspect = ["docker", "image", "inspect", "--format", "{{.Id}}", CANDIDATE]
     poll = sh_argv(POLL_SCRIPT, MAIN)
     assert sent == [
-        sh_argv(ACQUIRE_SCRIPT, PATHS.lock_dir, "<owner>"),
+        sh_argv(ACQUIRE_SCRIPT, PATHS.lease_dir, "<owner>"),
         sh_argv(READ_IF_EXISTS_SCRIPT, PATHS.state_file),
         # preflight: reads only
         DOCKER_INFO, inspect, ["df", "-Pk", "/var/lib/docker"], sh_argv(TCP_SCRIPT),
@@ -104,7 +104,7 @@ def test_first_deploy_promotes_commits_and_sends_exactly_these_commands() -> Non
         ["<put>", staged_state, "0644"],
         sh_argv(units.COMMIT_SCRIPT, staged, unit_path, PATHS.override_path, MAIN, staged_state, PATHS.state_file,
                 CAND_UNIT, PATHS.unit_path(CAND_UNIT), BACKUP, f"{BACKUP}.absent", CAND_ENV),
-        sh_argv(RELEASE_SCRIPT, PATHS.lock_dir, "<owner>"),
+        sh_argv(RELEASE_SCRIPT, PATHS.lease_dir, "<owner>"),
     ]
 
 

@@ -7,12 +7,12 @@ from functools import cache
 from helpers_deploy import CANDIDATE, D_CAND, ROOT, FakeGate, fake_host, run, steps
 
 from stackbuild.gate.result import GateResult
-from stackbuild.host.fake import Behaviour, FakeHost
 from stackbuild.host.state import HostPaths, release_key
 from stackbuild.render.stack import render_unit
 from stackbuild.sim.startup import AllReduceSetup, allreduce_lines
 from stackbuild.spec.load import load_stack
 from stackbuild.spec.stack import Stack
+from stackbuild.testing.fake_host import Behaviour, FakeHost
 
 GPU = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 SMI = "".join(f"{i}, {GPU}, 12.0, 580.65.06, 97887\n" for i in range(8))
@@ -87,7 +87,7 @@ def test_kernels_that_do_not_import_reject_the_candidate_before_anything_runs() 
     assert steps(rep)[-1] == ("kernel check", False)
     assert rep.cause == f"the candidate's kernels do not import on this host's GPUs: {err}"
     assert PATHS.state_file not in host.files and host.units == {} and host.running == {}
-    assert PATHS.lock_dir not in host.dirs
+    assert PATHS.lease_dir not in host.dirs
 
 
 def test_a_ulimit_above_the_daemons_hard_limit_is_refused_by_preflight() -> None:
@@ -108,7 +108,7 @@ def test_a_host_without_nvidia_names_each_missing_piece() -> None:
         "install nvidia-container-toolkit",
         "  - gpus: nvidia-smi failed: bash: line 1: nvidia-smi: command not found; install the NVIDIA driver",
     ]
-    assert host.files.keys() <= {f"{PATHS.lock_dir}/owner.json"} and PATHS.lock_dir not in host.dirs
+    assert host.files.keys() <= {f"{PATHS.lease_dir}/owner.json"} and PATHS.lease_dir not in host.dirs
 
 
 def test_pairs_without_p2p_refuse_a_stack_whose_all_reduce_maps_peer_memory() -> None:

@@ -18,8 +18,8 @@ from test_deploy_support import (
     sim_image,  # noqa: F401  (fixture)
 )
 
+from stackbuild.flows.deploy_host import DeployArgs, run_deploy
 from stackbuild.host.outcome import DeployReport
-from stackbuild.host.session import DeployArgs, run_deploy
 from stackbuild.host.ssh import SshOptions
 from stackbuild.spec.load import load_stack
 

@@ -58,7 +58,7 @@ def test_concurrent_deploy_refused_by_lock(project: Project) -> None:
         second = p.deploy("good2")
         out = second.stdout + second.stderr
         assert second.returncode == 4, out
-        assert "another deploy holds the host lock" in out and f"pid {first.pid}" in out
+        assert "another deploy holds the host lease" in out and f"pid {first.pid}" in out
     finally:
         out1, _ = first.communicate(timeout=600)
     assert first.returncode == 0, out1

@@ -31,7 +31,7 @@ from stackbuild.host.deploy import CHANNEL_TRIES, deploy, recover
 from stackbuild.host.dryrun import DryRunRemote
 from stackbuild.host.preflight import DOCKER_INFO
 from stackbuild.host.ssh import sh_argv
-from stackbuild.host.state import HostState, LockOwner, Pending, write_state
+from stackbuild.host.state import HostState, LeaseOwner, Pending, write_state
 from stackbuild.host.unit_probe import POLL_SCRIPT
 
 
@@ -66,14 +66,14 @@ def test_swap_preflight_accepts_the_port_the_incumbent_holds() -> None:
 
 def test_lock_held_elsewhere_refused_and_nothing_changed() -> None:
     host = with_incumbent()
-    owner = LockOwner("other-box", 1, time.time() - 5, "deploy x", time.time() + 600)
-    host.dirs[PATHS.lock_dir] = host.now
-    host.files[f"{PATHS.lock_dir}/owner.json"] = owner.to_json()
+    owner = LeaseOwner("other-box", 1, time.time() - 5, "deploy x", time.time() + 600)
+    host.dirs[PATHS.lease_dir] = host.now
+    host.files[f"{PATHS.lease_dir}/owner.json"] = owner.to_json()
     before = snapshot(host)
     rep = run(host)
     assert (rep.outcome, rep.exit_code, steps(rep)) == ("refused", 4, [("lock", False)])
     assert rep.cause is not None and rep.cause.startswith(
-        f"{host.address}: another deploy holds the host lock (deploy x by pid 1 on other-box, started ")
+        f"{host.address}: another deploy holds the host lease (deploy x by pid 1 on other-box, started ")
     assert snapshot(host) == before
     assert len(host.commands) == 1  # the one mkdir that failed
 
@@ -103,14 +103,14 @@ def test_connection_lost_mid_deploy_then_recover_converges() -> None:
     assert host.closed  # a lost connection stays lost: look at the host out of band
     pending = HostState.model_validate_json(host.files[PATHS.state_file]).pending
     assert pending is not None and (pending.op, pending.image, pending.strategy) == ("deploy", CANDIDATE, "swap")
-    assert PATHS.lock_dir in host.dirs and host.running[MAIN].image == CANDIDATE
+    assert PATHS.lease_dir in host.dirs and host.running[MAIN].image == CANDIDATE
 
     # this run's own lock (its run id, not merely this pid), over the new connection, is ours to take back
     recover(host.reconnect(), req, svc, rep)
     assert rep.needs_recovery is False
     assert [n for n, _ in steps(rep)[-2:]] == ["restore", "verify serving"]
     assert settled(state(host)) == before  # pending cleared, current as it was
-    assert host.serving(PORT) == INCUMBENT and PATHS.lock_dir not in host.dirs
+    assert host.serving(PORT) == INCUMBENT and PATHS.lease_dir not in host.dirs
 
 
 def test_recover_with_nothing_pending_says_so_and_frees_the_lock() -> None:
@@ -118,15 +118,15 @@ def test_recover_with_nothing_pending_says_so_and_frees_the_lock() -> None:
     rep = run(host)
     recover(host.reconnect(), request(), services(host), rep)
     assert rep.steps[-1].name == "recover" and rep.steps[-1].detail == "nothing pending"
-    assert PATHS.lock_dir not in host.dirs
+    assert PATHS.lease_dir not in host.dirs
 
 
 def test_a_killed_deploys_pending_marker_is_converged_first_then_the_deploy_proceeds() -> None:
     host = with_incumbent()
     # as a deploy killed mid-swap left it: its candidate's unit installed, pending marked, a lock past its bound
-    dead = LockOwner("other-box", 999, time.time() - 7200, "deploy sim", time.time() - 60)
-    host.dirs[PATHS.lock_dir] = host.now
-    host.files[f"{PATHS.lock_dir}/owner.json"] = dead.to_json()
+    dead = LeaseOwner("other-box", 999, time.time() - 7200, "deploy sim", time.time() - 60)
+    host.dirs[PATHS.lease_dir] = host.now
+    host.files[f"{PATHS.lease_dir}/owner.json"] = dead.to_json()
     write_state(host, PATHS, state(host).model_copy(update={"pending": Pending(
         op="deploy", image=CANDIDATE, strategy="swap", owner=dead.to_json(), started_at="2026-01-01T00:00:00Z")}))
     host.files["/srv/killed.service"] = unit_text(CANDIDATE)
@@ -143,7 +143,7 @@ def test_a_killed_deploys_pending_marker_is_converged_first_then_the_deploy_proc
     assert rep.steps[2].detail == f"reinstalled and started {INCUMBENT}"
     after = settled(state(host))
     assert (after["previous"]["digest"], after["current"]["image"], after["pending"]) == (D_INC, CANDIDATE, None)
-    stale = [d for d in host.dirs if d.startswith(PATHS.lock_dir + ".stale.")]
+    stale = [d for d in host.dirs if d.startswith(PATHS.lease_dir + ".stale.")]
     assert len(stale) == 1 and host.files[f"{stale[0]}/owner.json"] == dead.to_json()
 
 

@@ -15,7 +15,7 @@ from helpers_deploy import (
     with_incumbent,
 )
 
-from stackbuild.host.fake import crashes
+from stackbuild.testing.fake_host import crashes
 
 NEW = OPERATOR_ENV.replace("HF_TOKEN=operator-value", 'HF_TOKEN="new-value"')
 

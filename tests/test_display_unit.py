@@ -15,8 +15,8 @@ from helpers_fleet import FakeReach, fake_fleet, fleet_stack, rollout
 from rich.console import Console
 
 from stackbuild.errors import InfraError, InputError
+from stackbuild.flows.deploy_host import DeployArgs, run_deploy
 from stackbuild.host.outcome import DeployReport
-from stackbuild.host.session import DeployArgs, run_deploy
 from stackbuild.host.ssh import SshOptions
 from stackbuild.results.display import Display, Log, Note, Result, Step, bind, clock_text, stage_times
 from stackbuild.results.steplog import StepLog, log_path

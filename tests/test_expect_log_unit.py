@@ -13,12 +13,12 @@ from helpers_deploy import CANDIDATE, INCUMBENT, ROOT, run, state, with_incumben
 
 from stackbuild.errors import SpecError
 from stackbuild.host.expect_log import unmet
-from stackbuild.host.fake import Behaviour
 from stackbuild.paths import shipped_dir
 from stackbuild.sim.startup import AllReduceSetup, allreduce_lines
 from stackbuild.spec.expect_log_check import check_expect_log, line_problem
 from stackbuild.spec.load import load_stack
 from stackbuild.spec.stack import ExpectLog, LogLine
+from stackbuild.testing.fake_host import Behaviour
 
 FUSION = "sglang 0.5.23 srt/layers/flashinfer_comm_fusion.py"
 PROBE_FAILED = ("FlashInfer workspace preflight probe failed (cuMulticastGetGranularity failed for FlashInfer "

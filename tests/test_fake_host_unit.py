@@ -6,8 +6,8 @@ import pytest
 from helpers_deploy import CANDIDATE, INCUMBENT, MAIN, PATHS, PORT, fake_host, unit_text
 
 from stackbuild.host import units
-from stackbuild.host.fake import FakeHost, UnknownCommand
 from stackbuild.host.ssh import ConnectionLost, sh_argv
+from stackbuild.testing.fake_host import FakeHost, UnknownCommand
 
 
 def staged(host: FakeHost, text: str, path: str = "/srv/u.service") -> str:

@@ -401,7 +401,7 @@ def test_hosts_words_that_are_not_declared_must_be_addresses() -> None:
 
 
 def test_fleet_status_table() -> None:
-    from stackbuild.fleet.status import HostStatusRow, render
+    from stackbuild.flows.fleet_status import HostStatusRow, render
     from stackbuild.results.ledger import RolloutHostRecord, RolloutRecord
 
     rows = [HostStatusRow("h0", "svc0", True, "r@sha256:" + "a" * 64, "sim-good", "pass", None, None,
@@ -487,7 +487,7 @@ def test_the_same_machine_twice_on_the_command_line_is_refused() -> None:
 def test_a_second_live_rollout_of_the_stack_is_refused_naming_the_first(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue #29: two identical rollouts at once; the second attached to the first as "(resumed)"."""
-    from stackbuild.fleet.live import RolloutLive, lock_path, only_rollout
+    from stackbuild.fleet.live import RolloutLive, live_marker_path, only_rollout
 
     ledger = tmp_path / "ledger.db"
     argv = ["deploy", "sim", "--fleet", "--hosts", "root@gpu1,root@gpu2", "--image", "r@sha256:" + "0" * 64,
@@ -501,7 +501,7 @@ def test_a_second_live_rollout_of_the_stack_is_refused_naming_the_first(
         assert err.rstrip().endswith("a killed rollout is resumed by re-running its command)")
     from stackbuild.results.ledger import Ledger
 
-    assert lock_path(ledger, "sim").exists()
+    assert live_marker_path(ledger, "sim").exists()
     with Ledger(ledger) as db:
         assert db.rollouts() == []  # refused before a rollout was recorded (or a host reached)
     with only_rollout(ledger, "sim"):  # free again once the first ends, however it ended

@@ -1,4 +1,5 @@
-"""fleet.ops.RealOps and fleet.status.read_fleet on scripted FakeHosts (reached through helpers_fleet.FakeReach).
+"""flows.rollout_ops.RealOps and flows.fleet_status.read_fleet
+on scripted FakeHosts (reached through helpers_fleet.FakeReach).
 
 Each op opens its own connection to the host, as against real hosts; what it does there is
 read back from the host.
@@ -14,14 +15,14 @@ from helpers_deploy import CANDIDATE, INCUMBENT, PATHS, FakeGate
 from helpers_fleet import FakeReach, fake_fleet, fleet_args, fleet_stack, look
 
 from stackbuild.errors import InfraError
-from stackbuild.fleet.ops import RealOps
-from stackbuild.fleet.status import latest_rollout, read_fleet
-from stackbuild.host.fake import FakeHost, crashes
+from stackbuild.flows.fleet_status import latest_rollout, read_fleet
+from stackbuild.flows.rollout_ops import RealOps
 from stackbuild.host.ssh import SshOptions
-from stackbuild.host.state import LockOwner, Pending
+from stackbuild.host.state import LeaseOwner, Pending
 from stackbuild.results.display import Event, Log, Note, Step
 from stackbuild.results.ledger import Ledger
 from stackbuild.spec.stack import Stack
+from stackbuild.testing.fake_host import FakeHost, crashes
 
 
 def ops_for(fakes: dict[str, FakeHost], stack: Stack, tmp: Path, **gates: object) -> tuple[RealOps, list[str]]:
@@ -156,9 +157,9 @@ def test_an_unreachable_host_fails_its_op(tmp_path: Path) -> None:
 
 def test_read_fleet_reports_each_hosts_release_lock_pending_and_the_unreachable(tmp_path: Path) -> None:
     fakes = fake_fleet()
-    owner = LockOwner("ci-runner", 4242, time.time() - 30, "deploy sim")
-    fakes["h0"].dirs[PATHS.lock_dir] = fakes["h0"].now
-    fakes["h0"].files[f"{PATHS.lock_dir}/owner.json"] = owner.to_json()
+    owner = LeaseOwner("ci-runner", 4242, time.time() - 30, "deploy sim")
+    fakes["h0"].dirs[PATHS.lease_dir] = fakes["h0"].now
+    fakes["h0"].files[f"{PATHS.lease_dir}/owner.json"] = owner.to_json()
     st = look(fakes["h1"])
     pending = Pending(op="rollback", image=CANDIDATE, strategy="swap", owner="{}", started_at="t")
     fakes["h1"].files[PATHS.state_file] = st.model_copy(update={"pending": pending}).model_dump_json()

@@ -19,10 +19,10 @@ from helpers_fleet import Kill, fake_fleet, fleet_gateway, fleet_stack, revive, 
 
 from stackbuild.gate.result import GateResult
 from stackbuild.host import units
-from stackbuild.host.fake import FakeHost, Killed
-from stackbuild.host.fake_server import Proc
 from stackbuild.host.state import other
 from stackbuild.results.ledger import Ledger
+from stackbuild.testing.fake_host import FakeHost, Killed
+from stackbuild.testing.fake_server import Proc
 
 Argv = list[str]
 H1 = "root@h1"
@@ -78,7 +78,7 @@ def test_a_rollout_killed_at_a_step_of_a_hosts_deploy_resumes_under_its_id(
     committed = step in ("committed", "soaking")
     assert (h1.pending is not None) == (step not in ("staged", "committed", "soaking")), step
     assert h1.current is not None and h1.current.image == (CANDIDATE if committed else INCUMBENT)
-    assert (PATHS.lock_dir in fakes["h1"].dirs) == (step != "soaking")  # the dead deploy's lock
+    assert (PATHS.lease_dir in fakes["h1"].dirs) == (step != "soaking")  # the dead deploy's lock
 
     again = rollout(fakes, stack, tmp_path)
     out = "\n".join(again.out)
@@ -98,7 +98,7 @@ def test_a_rollout_killed_at_a_step_of_a_hosts_deploy_resumes_under_its_id(
     for name, f in fakes.items():
         st = state(f)
         assert st.current is not None and st.current.image == CANDIDATE and st.pending is None, name
-        assert PATHS.lock_dir not in f.dirs, name
+        assert PATHS.lease_dir not in f.dirs, name
         left = {*PATHS.files_of(other(st.slot)), *PATHS.switch_paths, *PATHS.files_of(st.slot)[:2]}
         assert not left & f.files.keys(), name
         assert_boots_what_the_state_names(f)

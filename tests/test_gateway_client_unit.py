@@ -10,8 +10,8 @@ from helpers_gateway import worker_api_contract
 
 from stackbuild.effects import http
 from stackbuild.effects.gateway import Drained, HttpGateway, Unauthorized, Worker, drain, worker_in_flight
-from stackbuild.effects.gateway_fake import FakeClock, FakeGateway
 from stackbuild.errors import InfraError
+from stackbuild.testing.fake_gateway import FakeClock, FakeGateway
 
 GW = "http://127.0.0.1:30080"
 A, B = "http://127.0.0.1:31000", "http://127.0.0.1:31001"

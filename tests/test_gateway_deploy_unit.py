@@ -35,17 +35,17 @@ from helpers_fleet import GATEWAY_SPEC, GW_IMAGE, FakeReach, gateway_on, look
 from test_converge_unit import conv
 
 from stackbuild.effects.gateway import Unauthorized
-from stackbuild.effects.gateway_fake import FakeGateway
+from stackbuild.flows.deploy_host import DeployArgs, gateway_lines, run_deploy, run_rollback
 from stackbuild.host import converge
 from stackbuild.host.deploy import deploy
 from stackbuild.host.dryrun import DryRunRemote
-from stackbuild.host.fake import SERVES, Client, FakeHost
 from stackbuild.host.gateway import GatewayRecord, edit_pool, ensure
 from stackbuild.host.pool import GatewayLink
-from stackbuild.host.session import DeployArgs, gateway_lines, run_deploy, run_rollback
 from stackbuild.host.ssh import SshOptions
 from stackbuild.render.gateway import key_file, pool_file, pool_urls
 from stackbuild.spec.stack import Stack
+from stackbuild.testing.fake_gateway import FakeGateway
+from stackbuild.testing.fake_host import SERVES, Client, FakeHost
 
 PORT, STAGING = 31000, 31001
 U_MAIN, U_STAGING = f"http://127.0.0.1:{PORT}", f"http://127.0.0.1:{STAGING}"

@@ -39,7 +39,7 @@ from stackbuild.effects import http
 from stackbuild.effects.gateway import HttpGateway, Unauthorized
 from stackbuild.gate.background import BackgroundLoad
 from stackbuild.render.gateway import pool_urls
-from stackbuild.spec.gateway_check import LOCK_DIR
+from stackbuild.spec.lock.smg import LOCK_DIR
 
 pytestmark = pytest.mark.integration
 

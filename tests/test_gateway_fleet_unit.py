@@ -24,14 +24,14 @@ from helpers_fleet import (
     rollout,
 )
 
-from stackbuild.effects.gateway_fake import FakeGateway
 from stackbuild.gate.result import GateResult
 from stackbuild.host import units
-from stackbuild.host.fake import FakeHost, Killed
 from stackbuild.host.gateway import POOL_SCRIPT
 from stackbuild.host.state import ACQUIRE_SCRIPT
 from stackbuild.render.gateway import pool_file, pool_urls
 from stackbuild.spec.stack import Stack
+from stackbuild.testing.fake_gateway import FakeGateway
+from stackbuild.testing.fake_host import FakeHost, Killed
 
 MAIN, CAND = PATHS.main_unit, PATHS.candidate_unit
 URL = {"h0": "http://127.0.0.1", "h1": "http://h1", "h2": "http://h2"}  # as the gateway on h0 reaches them
@@ -183,7 +183,7 @@ def test_a_rollout_killed_once_a_host_is_drained_puts_it_back_first_when_run_aga
     timeline, client = traced(fakes, gw)
     stack = fleet_stack("swap")
 
-    def die(address: str, argv: list[str]) -> bool:  # h1 drained; its deploy about to take the host lock
+    def die(address: str, argv: list[str]) -> bool:  # h1 drained; its deploy about to take the host lease
         client(address, argv)
         return address == "root@h1" and argv[:3] == ["sh", "-c", ACQUIRE_SCRIPT] and '"deploy sim' in argv[-1]
 

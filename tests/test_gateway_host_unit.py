@@ -13,13 +13,13 @@ from helpers_fleet import GATEWAY_SPEC, GW_IMAGE, FakeReach, gateway_on
 from test_gateway_deploy_unit import behind_gateway
 
 from stackbuild.errors import InfraError
+from stackbuild.flows.deploy_host import read_status
 from stackbuild.host import gateway
-from stackbuild.host.fake import SERVES, FakeHost
-from stackbuild.host.session import read_status
 from stackbuild.host.ssh import SshOptions, sh_argv
 from stackbuild.render.gateway import pool_file, pool_text, render_gateway_unit
 from stackbuild.results.ledger import Ledger
 from stackbuild.results.outage import swap_outage
+from stackbuild.testing.fake_host import SERVES, FakeHost
 
 UNIT = f"{GATEWAY_SPEC.service}.service"
 GP = gateway.gateway_paths(sim_stack())
@@ -43,7 +43,7 @@ def test_ensure_installs_the_unit_once_leaves_it_alone_then_restarts_it_when_it_
     assert host.files[POOL] == pool_text(["http://127.0.0.1:31000"])  # what it starts with
     rec = gateway.records(host, PATHS.state_dir)
     assert [(r.service, r.image, r.port, r.stack) for r in rec] == [(GATEWAY_SPEC.service, GW_IMAGE, 31080, "sim")]
-    assert GP.lock_dir not in host.dirs  # its lock released
+    assert GP.lease_dir not in host.dirs  # its lock released
     started = host.running[UNIT].started_at
     host.sleep(10.0)
     host.commands.clear()

@@ -18,8 +18,8 @@ from stackbuild.paths import shipped_dir
 from stackbuild.render.gateway import declared_workers, docker_argv, render_gateway, smg_argv
 from stackbuild.spec.fleet import FleetHost
 from stackbuild.spec.gateway import Gateway, HealthCheck
-from stackbuild.spec.gateway_check import LOCK_DIR
 from stackbuild.spec.load import load_stack
+from stackbuild.spec.lock.smg import LOCK_DIR
 
 ROOT = shipped_dir("stacks").parent
 GOLDEN = Path(__file__).parent / "golden" / "sim-gateway"

@@ -10,8 +10,8 @@ from helpers_spec import project, run_cli
 
 from stackbuild.paths import shipped_dir
 from stackbuild.spec.gateway import Gateway
-from stackbuild.spec.gateway_check import LOCK_DIR, gateway_target, lock_name
 from stackbuild.spec.load import load_stack
+from stackbuild.spec.lock.smg import LOCK_DIR, gateway_target, lock_name
 
 ROOT = shipped_dir("stacks").parent
 SIM = """\

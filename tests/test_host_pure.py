@@ -27,7 +27,7 @@ from stackbuild.host.ssh import (
     sh_argv,
     trust_hint,
 )
-from stackbuild.host.state import HostPaths, HostState, LockOwner, is_stale, parse_state
+from stackbuild.host.state import HostPaths, HostState, LeaseOwner, is_stale, parse_state
 from stackbuild.host.unit_probe import parse_show
 from stackbuild.host.units import env_file_text, verify_errors
 
@@ -266,7 +266,7 @@ def test_env_file_text_escapes() -> None:
 def test_paths() -> None:
     p = HostPaths("/var/lib/stackbuild/", "sglang")
     assert p.state_file == "/var/lib/stackbuild/sglang/state.json"
-    assert p.lock_dir == "/var/lib/stackbuild/sglang/lock"
+    assert p.lease_dir == "/var/lib/stackbuild/sglang/lock"
     assert p.result_file("0123abcd") == "/var/lib/stackbuild/sglang/results/0123abcd.json"
     assert (p.main_unit, p.candidate_unit) == ("sglang.service", "sglang-candidate.service")
     assert p.unit_path(p.main_unit) == "/etc/systemd/system/sglang.service"
@@ -281,9 +281,9 @@ def test_state_parse_empty_and_roundtrip() -> None:
 
 
 def test_lock_owner_roundtrip_and_staleness() -> None:
-    o = LockOwner("box", 4242, 1000.0, "deploy sim")
-    assert LockOwner.from_json(o.to_json()) == o
-    assert LockOwner.from_json("") is None
+    o = LeaseOwner("box", 4242, 1000.0, "deploy sim")
+    assert LeaseOwner.from_json(o.to_json()) == o
+    assert LeaseOwner.from_json("") is None
     dead = lambda pid: False  # noqa: E731
     alive = lambda pid: True  # noqa: E731
     assert is_stale(o, now=1001, ttl_s=60, local_host="box", alive=dead)
@@ -293,8 +293,8 @@ def test_lock_owner_roundtrip_and_staleness() -> None:
     assert is_stale(o, now=1061, ttl_s=60, local_host="other", alive=alive)
     assert not is_stale(None, now=10**9, ttl_s=60, local_host="box", alive=dead)
     # a run's own lock from a connection that died is taken back by that run (its recovery)...
-    mine = LockOwner("box", 4242, 1000.0, "deploy sim", run="r1/h0")
-    assert LockOwner.from_json(mine.to_json()) == mine
+    mine = LeaseOwner("box", 4242, 1000.0, "deploy sim", run="r1/h0")
+    assert LeaseOwner.from_json(mine.to_json()) == mine
     assert is_stale(mine, now=1001, ttl_s=60, local_host="box", alive=alive, own_run="r1/h0")
     # ...never by another run of the same live process (a rollout's other thread: same pid)
     assert not is_stale(mine, now=1001, ttl_s=60, local_host="box", alive=alive, own_run="r1/h1")

@@ -8,9 +8,9 @@ import pytest
 from helpers_deploy import gate_result
 
 from stackbuild.errors import InputError
+from stackbuild.flows.deploy_host import gate_profile
 from stackbuild.host.decide import verdict_of
 from stackbuild.host.preflight import Gpu, check_gpus
-from stackbuild.host.session import gate_profile
 from stackbuild.image.ref import pin, split_pinned
 from stackbuild.spec.load import load_stack
 

@@ -1,4 +1,4 @@
-"""host.session's `status` and `rollback` entry points (what the CLI calls) on the scripted FakeHost."""
+"""flows.deploy_host's `status` and `rollback` entry points (what the CLI calls) on the scripted FakeHost."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from helpers_deploy import CANDIDATE, INCUMBENT, PATHS, run, snapshot, with_incu
 from helpers_fleet import FakeReach, look
 
 from stackbuild.errors import InputError
-from stackbuild.host.session import read_status, run_rollback
+from stackbuild.flows.deploy_host import read_status, run_rollback
 from stackbuild.host.ssh import SshOptions, sh_argv
 from stackbuild.host.state import SERVICES_SCRIPT
 
@@ -27,7 +27,7 @@ def test_rollback_finds_the_only_service_and_puts_the_previous_release_back() ->
     assert sh_argv(SERVICES_SCRIPT, PATHS.state_dir) in host.commands and host.closed  # its connection closed
     st = look(host)
     assert st.current is not None and st.current.image == INCUMBENT and st.previous.image == CANDIDATE  # type: ignore[union-attr]
-    assert host.serving(31000) == INCUMBENT and PATHS.lock_dir not in host.dirs
+    assert host.serving(31000) == INCUMBENT and PATHS.lease_dir not in host.dirs
 
 
 def test_a_dry_run_rollback_prints_and_changes_nothing() -> None:

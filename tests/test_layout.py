@@ -1,7 +1,7 @@
 """The package's shape holds: folders are the pipeline, imports only point down it, no cycles.
 
 Layers, lowest first: the core (errors, paths, effects), spec, render, image, gate, results,
-host, fleet, sim, cli. A module may import its own layer or a lower one; the import graph
+host, fleet, sim, flows, cli, testing. A module may import its own layer or a lower one; the import graph
 (lazy imports inside functions included, they are dependencies all the same) has no cycle.
 A folder's `_private` names stay inside it, and only effects/ starts processes.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "stackbuild"
-LAYERS = ["effects", "spec", "render", "image", "gate", "results", "host", "fleet", "sim", "cli"]
+LAYERS = ["effects", "spec", "render", "image", "gate", "results", "host", "fleet", "sim", "flows", "cli", "testing"]
 MAX_LINES = 450
 
 
@@ -219,23 +219,18 @@ TWINS_ALLOWED: dict[str, str] = {
     "SCHEMA_VERSION": "gate/result (the result JSON's schema) vs results/schema (the ledger's migrations)",
     "Sampler": "sim/model (the simulator's noise) vs fleet/soak (a soak's sample source)",
     "Step": "gate/capacity (a probed level), host/outcome (a deploy step), results/display (a step event)",
-    "client": "image/engine (the Docker SDK client) vs cli/demo_gateway (the demo's client load)",
+    "client": "image/engine (the Docker SDK client) vs flows/demo_gateway (the demo's client load)",
     "context": "image/gateway (a build context on disk) vs render/lockctx (a template context)",
-    "gateway_target": "host/reach (the gateway's SSH target) vs spec/gateway_check (smg's lock target)",
-    "header": "spec/gateway_check (the gateway lock's header) vs spec/lock/resolve (the stack lock's)",
+    "gateway_target": "host/reach (the gateway's SSH target) vs spec/lock/smg (smg's lock target)",
     "judge": "gate/agreement (output agreement) vs fleet/soak (a soak sample's regressions)",
-    "lock_command": "spec/gateway_check and spec/lock/target: the command that writes each lock",
-    "lock_path": "spec/gateway_check and spec/lock/target: where each lock lives",
-    "lock_text": "spec/gateway_check and spec/lock/locked: each lock's committed text",
     "parse": "sim/api (a request body) vs spec/lock/resolve (a lock file)",
     "parser_argv": "image/smoke (in the image) vs spec/lock/verify (in a scratch venv): the same check, two places",
-    "read_lock": "host/state (the host's deploy lock) vs spec/lock/check (the dependency lock)",
-    "render": "fleet/status (the status table) vs sim/metrics (Prometheus text)",
+    "render": "flows/fleet_status (the status table) vs sim/metrics (Prometheus text)",
     "run": "effects/proc (a child), effects/aio (an event loop), gate/agreement, cli/main (the console script)",
     "run_once": "image/engine (a container) vs gate/loadgen (one request)",
     "start": "host/local, host/units (a unit) and sim/lm (a completion's first bytes)",
     "status": "effects/http (a GET's status) vs host/converge (a host's status)",
-    "table": "fleet/session (a rollout's table) vs spec/lock/run (a lock's summary)",
+    "table": "flows/rollout (a rollout's table) vs spec/lock/run (a lock's summary)",
 }
 
 
@@ -289,3 +284,9 @@ def test_the_owner_checks_see_what_they_forbid(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(AssertionError, match=re.escape("stackbuild.gate.run:2")):
         test_only_effects_opens_urls()
     assert _public_twins() == {"Step": {"stackbuild.host.deploy", "stackbuild.gate.run", "stackbuild.gate.twin"}}
+
+
+def test_the_fakes_live_in_testing() -> None:
+    """A fake is a module of stackbuild/testing/; no other folder holds one (fabric's testing/)."""
+    stray = sorted(m for m, f in _modules().items() if _is_fake(m) and _folder(m) != "testing")
+    assert stray == []

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from helpers_spec import BASE, project, run_cli, source_component
 
-from stackbuild.effects.proc import FakeRun
 from stackbuild.errors import InfraError, InputError
 from stackbuild.paths import shipped_dir
 from stackbuild.spec import sglang
 from stackbuild.spec.load import load_stack
 from stackbuild.spec.lock import resolve, run, source, wheels
 from stackbuild.spec.lock.target import Target, build_lock_path, target_of
+from stackbuild.testing.fake_run import FakeRun
 
 ROOT = shipped_dir("stacks").parent
 DATED = BASE + "lock: {exclude_newer: '2026-12-02T00:00:00Z'}\n"

@@ -1,5 +1,5 @@
 """`lock --verify`: the argv it runs, the interpreter it finds, what it decides from the output, the steps
-in order (effects.proc's FakeRun stands in for the commands), and, marked `network`, a small real lock
+in order (testing.fake_run's FakeRun stands in for the commands), and, marked `network`, a small real lock
 installed and checked for real (the cuda13 closure itself is bench/lock_verify.py's: 11 GB)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from helpers_spec import BASE, parse_with_stand_in, project, run_cli
 
-from stackbuild.effects.proc import FakeRun
 from stackbuild.errors import InfraError, InputError
 from stackbuild.paths import cache_dir, templates_dir
 from stackbuild.spec.lock import resolve, target, verify, wheels
+from stackbuild.testing.fake_run import FakeRun
 
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 SHA = "5" * 64

@@ -12,7 +12,7 @@ from helpers_deploy import CANDIDATE, D_CAND, REPO, FakeGate, gate_result, sim_s
 from helpers_fleet import FakeReach, look
 
 from stackbuild.errors import InputError
-from stackbuild.host.session import DeployArgs, resolve_image, run_deploy
+from stackbuild.flows.deploy_host import DeployArgs, resolve_image, run_deploy
 from stackbuild.host.ssh import SshOptions
 from stackbuild.image.build import BuildResult
 from stackbuild.results.ledger import Ledger

@@ -8,9 +8,9 @@ from helpers_deploy import CANDIDATE, MAIN, PATHS, PORT, fake_host, unit_text
 
 from stackbuild.effects.readiness import Readiness, wait_ready
 from stackbuild.host import units
-from stackbuild.host.fake import NEVER_LISTENS, FakeHost, crashes
 from stackbuild.host.ssh import sh_argv
 from stackbuild.host.unit_probe import POLL_SCRIPT, UnitProbe
+from stackbuild.testing.fake_host import NEVER_LISTENS, FakeHost, crashes
 
 LOG = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
 

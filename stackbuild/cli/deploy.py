@@ -164,7 +164,7 @@ def deploy_cmd(
     While it runs: a live line per host (plain lines when not on a terminal); every step goes to
     a log file beside the ledger, whose path is printed.
     """
-    from stackbuild.host.session import DeployArgs, run_deploy
+    from stackbuild.flows.deploy_host import DeployArgs, run_deploy
     from stackbuild.spec.load import load_stack
 
     stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"), variant=variant)
@@ -176,7 +176,7 @@ def deploy_cmd(
         raise InputError("--allow-outage is for --fleet: a single deploy states its own outage (swap) and has none "
                          "behind a gateway (side-by-side)")
     if fleet or hosts_csv or inventory:
-        from stackbuild.fleet.session import FleetArgs, run_fleet
+        from stackbuild.flows.rollout import FleetArgs, run_fleet
 
         if not fleet or host_text or strategy or json_out:
             raise InputError("--hosts/--inventory need --fleet; --fleet takes no --host, --strategy "
@@ -257,7 +257,7 @@ def status_cmd(
         _fleet_status(ctx, fleet_stack, _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout),
                       hosts_csv, inventory, ledger)
         return
-    from stackbuild.host.session import read_status
+    from stackbuild.flows.deploy_host import read_status
 
     ssh = _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout)
     address, st = read_status(_need_host(host_text), ssh, service=service, state_dir=state_dir)
@@ -297,7 +297,7 @@ def rollback_cmd(
     stack_name: str | None,
 ) -> None:
     """Put the previous image back on a host, verified serving."""
-    from stackbuild.host.session import run_rollback
+    from stackbuild.flows.deploy_host import run_rollback
     from stackbuild.spec.load import load_stack
 
     stack = load_stack(stack_name, root=(ctx.obj or {}).get("root")) if stack_name else None
@@ -309,7 +309,7 @@ def rollback_cmd(
 
 def _fleet_status(ctx: click.Context, stack_name: str, ssh: Any, hosts_csv: str | None,
                   inventory: Path | None, ledger: Path | None) -> None:
-    from stackbuild.fleet.status import latest_rollout, read_fleet, read_gateway, render
+    from stackbuild.flows.fleet_status import latest_rollout, read_fleet, read_gateway, render
     from stackbuild.results.ledger import default_ledger_path
     from stackbuild.spec.load import load_stack
 

@@ -96,8 +96,8 @@ def lock_cmd(
 
 
 def _gateway(spec: Stack, out: Path | None, offline: bool) -> None:
-    from stackbuild.spec.gateway_check import lock_gateway
     from stackbuild.spec.lock.resolve import write
+    from stackbuild.spec.lock.smg import lock_gateway
 
     path, text = lock_gateway(spec, offline=offline)
     write(out or path, text)

@@ -1,7 +1,7 @@
 """Running a coroutine from synchronous code, safe against a signal handler that raises.
 
 A deploy turns SIGTERM/SIGINT into an exception raised wherever the main thread is
-(host/session.py), so the incumbent is put back. Raised inside `asyncio.Runner` while it
+(flows/deploy_host.py), so the incumbent is put back. Raised inside `asyncio.Runner` while it
 builds or closes its event loop, it leaves a half-made loop whose `__del__` prints a
 traceback. Blocking the signals does not help: Python runs its handlers in the main thread
 whichever thread the kernel delivered to (SSH keeps threads of its own). So such a handler

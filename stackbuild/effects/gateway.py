@@ -14,7 +14,7 @@ Its control plane (`/workers`) takes a key: smg `--control-plane-api-keys`, sent
 `Authorization: Bearer KEY` (smg crates/auth middleware; without it, or with another, 401).
 `HttpGateway` sends the one stackbuild made on the gateway's host (host/gateway.py).
 
-`HttpGateway` is the gateway over HTTP; `FakeGateway` (effects/gateway_fake.py) the same
+`HttpGateway` is the gateway over HTTP; `FakeGateway` (testing/fake_gateway.py) the same
 operations in memory, for the logic written against `Gateway`. `drain` is that logic's
 one step: out of the pool, then wait until nothing is in flight. See docs/gateway.md.
 """

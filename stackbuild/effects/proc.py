@@ -65,10 +65,10 @@ def run(
             command=shlex.join(args),
             output=out.decode(errors="replace") if isinstance(out, bytes) else out,
         ) from err
-    return _checked(Completed(args, cp.returncode, cp.stdout, cp.stderr), check, what)
+    return checked(Completed(args, cp.returncode, cp.stdout, cp.stderr), check, what)
 
 
-def _checked(done: Completed, check: bool, what: str | None) -> Completed:
+def checked(done: Completed, check: bool, what: str | None) -> Completed:
     if check and done.returncode != 0:
         raise InfraError(
             f"{what or done.argv[0]} failed",
@@ -169,35 +169,3 @@ class Child:
             except subprocess.TimeoutExpired:
                 self._p.kill()
         return int(self._p.wait(5))
-
-
-class FakeRun:
-    """`run`'s stand-in for unit tests: answers scripted by argv prefix (the latest match wins), every
-    call recorded; an argv nothing answers is a test error, so a test states every command it expects."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, ...]] = []
-        self._answers: list[tuple[tuple[str, ...], Completed]] = []
-
-    def on(self, prefix: Sequence[str], returncode: int = 0, stdout: str = "", stderr: str = "") -> FakeRun:
-        key = tuple(str(a) for a in prefix)
-        self._answers.append((key, Completed(key, returncode, stdout, stderr)))
-        return self
-
-    def __call__(
-        self,
-        argv: Sequence[str],
-        *,
-        cwd: Path | str | None = None,
-        env: Mapping[str, str] | None = None,
-        input: str | None = None,
-        timeout: float | None = 600,
-        check: bool = True,
-        what: str | None = None,
-    ) -> Completed:
-        args = tuple(str(a) for a in argv)
-        self.calls.append(args)
-        for prefix, answer in reversed(self._answers):
-            if args[: len(prefix)] == prefix:
-                return _checked(Completed(args, answer.returncode, answer.stdout, answer.stderr), check, what)
-        raise AssertionError(f"FakeRun: nothing scripted for {shlex.join(args)}")

@@ -27,7 +27,7 @@ class RolloutLive(InfraError):
     """Another rollout of the same stack is running (exit 4)."""
 
 
-def lock_path(ledger: Path, stack_label: str) -> Path:
+def live_marker_path(ledger: Path, stack_label: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", stack_label)
     return ledger.with_name(f"{ledger.name}.rollout-{safe}.lock")
 
@@ -60,7 +60,7 @@ class Held:
 @contextmanager
 def only_rollout(ledger: Path, stack_label: str) -> Iterator[Held]:
     """Held for the rollout's whole run; a second one of `stack_label` while it lives: RolloutLive."""
-    path = lock_path(ledger, stack_label)
+    path = live_marker_path(ledger, stack_label)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fh = path.open("a+", encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The deploy side: SSH to a host, preflight, state and lock, deploy/rollback/status.
+"""The deploy side: SSH to a host, preflight, state and lease, deploy/rollback/status.
 
 `ssh` is the one module that talks SSH; everything else receives a `Remote`.
 """

@@ -21,17 +21,17 @@ from stackbuild.host.outcome import DeployReport
 from stackbuild.host.pool import GatewayLink
 from stackbuild.host.ssh import Remote
 from stackbuild.host.state import (
-    LOCK_TTL_S,
-    HostLock,
+    LEASE_TTL_S,
+    HostLease,
     HostPaths,
     HostState,
     Pending,
     Slot,
-    lock_holder,
+    lease_holder,
     me,
     now_iso,
     other,
-    read_lock,
+    read_lease,
     read_state,
     render_state,
     write_state,
@@ -200,11 +200,11 @@ def commit(remote: Remote, paths: HostPaths, state: HostState, staged_unit: str,
                  (staged_state, paths.state_file), spare, (paths.unit_path(spare), *secrets.transaction_files(paths)))
 
 
-def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S, run: str = "") -> str:
-    """Before a rollout touches the host: what an interrupted run left there (its stale lock, its
+def settle(remote: Remote, paths: HostPaths, conv: Converger, lease_ttl_s: float = LEASE_TTL_S, run: str = "") -> str:
+    """Before a rollout touches the host: what an interrupted run left there (its stale lease, its
     pending marker and the candidate it was running, a switch unit, the main unit's override) is
     put back to the committed state, as a single deploy does first. Returns what was done."""
-    with HostLock(remote, paths, me("converge before a rollout", run=run), lock_ttl_s) as lock:
+    with HostLease(remote, paths, me("converge before a rollout", run=run), lease_ttl_s) as lock:
         state = read_state(remote, paths)
         done = [f"broke a stale lock ({lock.broke.what})"] if lock.broke else []
         if state.pending is not None:
@@ -217,11 +217,11 @@ def settle(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float 
     return "; ".join(done) or "nothing to converge"
 
 
-def rollback(remote: Remote, paths: HostPaths, conv: Converger, lock_ttl_s: float = LOCK_TTL_S,
+def rollback(remote: Remote, paths: HostPaths, conv: Converger, lease_ttl_s: float = LEASE_TTL_S,
              run: str = "") -> HostState:
     """Make the previous release current again, verified serving."""
     rep = conv.report
-    with HostLock(remote, paths, me("rollback", run=run), lock_ttl_s):
+    with HostLease(remote, paths, me("rollback", run=run), lease_ttl_s):
         state = read_state(remote, paths)
         if state.pending is not None:
             state = to_current(remote, paths, state, conv)
@@ -265,7 +265,7 @@ class HostStatus:
     state: HostState
     active: bool
     running_image: str | None
-    lock_owner: str | None = None  # the host lock's owner.json, when a lock is held
+    lease_owner: str | None = None  # the host lease's owner.json, when a lease is held
     enabled: str = ""  # systemd's UnitFileState of the main unit: "enabled" starts it on boot
     under_test: bool = False  # its unit runs from a file in /run: a release not committed
     unit: str = ""  # the unit the committed release runs as
@@ -299,7 +299,7 @@ class HostStatus:
                 f"  last deploy: {s.last_verdict} of {s.last_image} at {s.last_at}"
                 + (f": {s.last_cause}" if s.last_cause else "")
             )
-        if (who := lock_holder(self.lock_owner, time.time())) is not None:
+        if (who := lease_holder(self.lease_owner, time.time())) is not None:
             lines.append(f"  LOCKED: {who}")
         if s.pending:
             lines.append(
@@ -316,4 +316,4 @@ def status(remote: Remote, paths: HostPaths) -> HostStatus:
     img = remote.run(units.container_image_argv(unit.removesuffix(".service")), check=False,
                      what="inspect the container", changes=False)
     return HostStatus(state, boot.active == "active", img.stdout.strip() if img.ok else None,
-                      read_lock(remote, paths), boot.enabled, boot.fragment in paths.files_of(state.slot)[:2], unit)
+                      read_lease(remote, paths), boot.enabled, boot.fragment in paths.files_of(state.slot)[:2], unit)

@@ -1,14 +1,14 @@
-"""The deploy flow: lock, recover, preflight, pull, stage, start, readiness, gate, decide.
+"""The deploy flow: lease, recover, preflight, pull, stage, start, readiness, gate, decide.
 
 It receives a `Remote` and never opens one. Every step is safe to repeat: the
 host state file carries a `pending` marker from the moment the incumbent may
-be disturbed until the outcome is committed, and whoever takes the lock next
+be disturbed until the outcome is committed, and whoever takes the lease next
 first converges the host back to `current` (see converge.py).
 
 Exit codes: 0 promoted; 1 the candidate was rejected (crashed, never ready,
 failed its first generation, or the gate failed) and the incumbent restored;
 3 gate inconclusive, incumbent restored; 4 infrastructure (SSH, registry,
-preflight, lock held), with nothing changed unless the report says so.
+preflight, lease held), with nothing changed unless the report says so.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from stackbuild.host.preflight import PreflightFailed, run_preflight
 from stackbuild.host.request import DeployRequest, Services
 from stackbuild.host.ssh import ConnectionLost, Remote
 from stackbuild.host.state import (
-    HostLock,
+    HostLease,
     HostPaths,
     HostState,
-    LockHeld,
+    LeaseHeld,
     Pending,
     Release,
     me,
@@ -63,12 +63,12 @@ def deploy(remote: Remote, req: DeployRequest, svc: Services) -> DeployReport:
         strategy=req.strategy,
         live=svc.progress,
     )
-    lock = HostLock(remote, paths, me(f"deploy {stack.label}", hold_bound_s(req), req.run), req.lock_ttl_s)
+    lock = HostLease(remote, paths, me(f"deploy {stack.label}", hold_bound_s(req), req.run), req.lease_ttl_s)
     try:
         with rep.step("lock") as st:
             lock.__enter__()
             st.detail = f"broke a stale lock ({lock.broke.what})" if lock.broke else "held"
-    except LockHeld as err:
+    except LeaseHeld as err:
         rep.finish("refused", str(err), EXIT_INFRA)
         return rep
     except ConnectionLost as err:
@@ -359,7 +359,7 @@ def _conv(req: DeployRequest, svc: Services, rep: DeployReport, *, join: bool = 
 def recover(remote: Remote, req: DeployRequest, svc: Services, rep: DeployReport) -> None:
     """After a lost connection: put the host back to its committed state and free the lock."""
     paths = HostPaths(req.stack.host.state_dir, req.stack.host.service)
-    with HostLock(remote, paths, me(f"recover {req.stack.label}", run=req.run), req.lock_ttl_s):
+    with HostLease(remote, paths, me(f"recover {req.stack.label}", run=req.run), req.lease_ttl_s):
         state = read_state(remote, paths)
         if state.pending is None:
             rep.note("recover", True, "nothing pending")

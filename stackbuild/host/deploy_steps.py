@@ -61,7 +61,7 @@ def deploy_ports(p: Placement, incumbent_active: bool) -> dict[int, bool]:
 
 
 def hold_bound_s(req: DeployRequest) -> float:
-    """How long this deploy can hold the host lock, each step at its own timeout.
+    """How long this deploy can hold the host lease, each step at its own timeout.
 
     pull, then start + ready up to three times (candidate, the side-by-side switch, a restore),
     the incumbent's baseline and the candidate's gate (each within the gate's deadline), two drains

@@ -1,12 +1,12 @@
 """The gateway (smg) as a unit on its host: preflight of its ports, its unit brought up to date, its pool file.
 
 Like a server's release, the gateway runs from an image pulled by digest, as an enabled unit
-in /etc/systemd/system (it starts on boot), under a lock of its own. Unlike a release it has
+in /etc/systemd/system (it starts on boot), under a lease of its own. Unlike a release it has
 no candidate: a changed unit (another image, another setting) is installed and restarted in
 place -- smg lets its in-flight requests finish first (`--shutdown-grace-period-secs`), and
 new connections are refused for the seconds it takes to come back. An unchanged one is left
 alone. Which servers it starts with is its pool file (render/gateway.py), edited here one URL
-at a time under a host-side lock (flock), so concurrent deploys of several hosts behind one
+at a time under a host-side lease (flock), so concurrent deploys of several hosts behind one
 gateway never lose each other's edits. Its record (image, port) lets `status --host` find it.
 """
 
@@ -21,7 +21,7 @@ from stackbuild.errors import InfraError
 from stackbuild.host import secrets, units
 from stackbuild.host.preflight import TCP_SCRIPT, Check, parse_listening_ports
 from stackbuild.host.ssh import READ_IF_EXISTS_SCRIPT, Remote, sh_argv
-from stackbuild.host.state import HostLock, HostPaths, me, now_iso
+from stackbuild.host.state import HostLease, HostPaths, me, now_iso
 from stackbuild.host.unit_probe import boot_facts
 from stackbuild.render.gateway import (
     KEY_VAR,
@@ -94,7 +94,7 @@ class GatewayRecord(BaseModel):
 
 
 def gateway_paths(stack: Stack) -> HostPaths:
-    """Its lock and record under <state_dir>/.gateway/<service>/: out of the servers' list (`ls` skips dot dirs)."""
+    """Its lease and record under <state_dir>/.gateway/<service>/: out of the servers' list (`ls` skips dot dirs)."""
     gw = _spec(stack)
     return HostPaths(f"{stack.host.state_dir.rstrip('/')}/.gateway", gw.service)
 
@@ -151,7 +151,7 @@ def ensure(remote: Remote, stack: Stack, image: str, workers: list[str], *, pull
     none yet (a first install). Returns what it did."""
     gw = _spec(stack)
     gp, unit = gateway_paths(stack), unit_name(gw)
-    with HostLock(remote, gp, me(f"gateway {gw.service}", pull_timeout_s + 600)):
+    with HostLease(remote, gp, me(f"gateway {gw.service}", pull_timeout_s + 600)):
         if failed := [c.detail for c in checks(remote, stack) if not c.ok]:
             raise InfraError(f"{remote.address}: cannot run the gateway there: {'; '.join(failed)}")
         pulled = units.ensure_image(remote, image, pull_timeout_s)

@@ -129,7 +129,7 @@ class DeployReport:
 
 
 # An ok step whose detail a person must still read: what an earlier run left was put back (a
-# stale lock, a pending deploy), or the server starts without a secret it names (host/deploy.py).
+# stale lease, a pending deploy), or the server starts without a secret it names (host/deploy.py).
 _WARNINGS = ("broke a stale lock", "the server gets none")
 
 

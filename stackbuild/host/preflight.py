@@ -17,7 +17,7 @@ from stackbuild.spec.lock.check import nccl_of, read_lock
 from stackbuild.spec.rules import driver_floor
 from stackbuild.spec.stack import Stack
 
-# What preflight sends (host/fake.py interprets these very constants).
+# What preflight sends (testing/fake_host.py interprets these very constants).
 DOCKER_INFO = ["docker", "info", "--format", "{{.ServerVersion}}|{{.DockerRootDir}}|{{json .Runtimes}}"]
 NVIDIA_SMI_QUERY = [
     "nvidia-smi",

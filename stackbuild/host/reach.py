@@ -1,5 +1,5 @@
 """How this process reaches a host (`Reach`), the server on it (`Endpoint`), and the gateway in front of
-it (`gateway_link`). The glue (host/session.py, fleet/ops.py) goes through these; unit tests pass a
+it (`gateway_link`). The glue (flows/deploy_host.py, flows/rollout_ops.py) goes through these; unit tests pass a
 `Reach` over the scripted fake hosts and a fake gateway (tests/helpers_fleet.py)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from stackbuild.host.pool import GatewayLink
 from stackbuild.host.request import GateFn
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions, connect, parse_host
 from stackbuild.render.gateway import pool_urls, worker_url
-from stackbuild.spec.gateway_check import hostname
+from stackbuild.spec.lock.smg import hostname
 from stackbuild.spec.profile import GateProfile
 from stackbuild.spec.stack import Stack
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from stackbuild.effects.readiness import HttpProbe, Pace, Probe
 from stackbuild.gate.result import GateResult
 from stackbuild.host.pool import GatewayLink
-from stackbuild.host.state import LOCK_TTL_S, new_run
+from stackbuild.host.state import LEASE_TTL_S, new_run
 from stackbuild.results.display import Sink
 from stackbuild.spec.profile import GateProfile
 from stackbuild.spec.stack import Stack
@@ -31,8 +31,8 @@ class DeployRequest:
     profile: GateProfile
     secrets: dict[str, str] = field(default_factory=dict)
     pull_timeout_s: float = 1800.0
-    lock_ttl_s: float = LOCK_TTL_S
-    run: str = field(default_factory=new_run)  # who owns the host lock: this deploy (and its recovery)
+    lease_ttl_s: float = LEASE_TTL_S
+    run: str = field(default_factory=new_run)  # who owns the host lease: this deploy (and its recovery)
 
 
 @dataclass

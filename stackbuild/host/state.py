@@ -1,14 +1,14 @@
-"""Host state and the host lock: where they live, their format, the commands that touch them.
+"""Host state and the host lease: where they live, their format, the commands that touch them.
 
 One JSON file per service on the host holds what runs (current), what ran
 before (previous), the last verdict, and a `pending` marker while a deploy or
 rollback is under way. It is only ever replaced whole (temp file + rename), so
 a crash leaves the old state or the new one. The marker is what makes a re-run
-converge: whoever takes the lock next first puts the host back to `current`.
+converge: whoever takes the lease next first puts the host back to `current`.
 
-The lock is a directory (mkdir is atomic) holding owner.json. Its owner is a run
-(one deploy, or one host of one rollout: `LockOwner.run`), not a process: the
-threads of a rollout share a pid and never break each other's locks. A lock
+The lease is a directory (mkdir is atomic) holding owner.json. Its owner is a run
+(one deploy, or one host of one rollout: `LeaseOwner.run`), not a process: the
+threads of a rollout share a pid and never break each other's locks. A lease
 whose owner process is gone (same machine, dead pid), that its own run left
 behind (a connection lost mid-deploy, taken back by that run's recovery), or
 that is older than its TTL is stale and may be broken, by renaming it away only
@@ -114,7 +114,7 @@ class HostPaths:
         return f"{self.base}/state.json"
 
     @property
-    def lock_dir(self) -> str:
+    def lease_dir(self) -> str:
         return f"{self.base}/lock"
 
     @property
@@ -220,11 +220,11 @@ def only_service(remote: Remote, state_dir: str) -> str:
     raise InputError(f"{remote.address} has several services ({', '.join(found)}); pass --service NAME")
 
 
-# --- the lock ---------------------------------------------------------------
+# --- the lease ---------------------------------------------------------------
 
-# How long a lock whose owner cannot be judged (another machine, an older writer that set no
-# `until`) counts as held. A killed run's lock is broken sooner, by its dead pid (`is_stale`).
-LOCK_TTL_S = 4 * 3600.0
+# How long a lease whose owner cannot be judged (another machine, an older writer that set no
+# `until`) counts as held. A killed run's lease is broken sooner, by its dead pid (`is_stale`).
+LEASE_TTL_S = 4 * 3600.0
 
 ACQUIRE_SCRIPT = (
     'mkdir -p "$(dirname "$1")" || exit 2\n'
@@ -233,32 +233,32 @@ ACQUIRE_SCRIPT = (
     "fi\n"
     'cat "$1/owner.json" 2>/dev/null; exit 3'
 )
-# Keeps the last broken lock for a look, and only that one: stale dirs must not pile up.
+# Keeps the last broken lease for a look, and only that one: stale dirs must not pile up.
 BREAK_SCRIPT = (
     '[ "$(cat "$1/owner.json" 2>/dev/null)" = "$2" ] && rm -rf "$1".stale.* && mv "$1" "$1.stale.$3"'
 )
-# Seconds since the lock dir was made (for an owner file still empty: the writer died in between).
-LOCK_AGE_SCRIPT = 'echo $(( $(date +%s) - $(stat -c %Y "$1") ))'
-# Writing owner.json takes milliseconds; a lock with none after this long lost its writer.
+# Seconds since the lease dir was made (for an owner file still empty: the writer died in between).
+LEASE_AGE_SCRIPT = 'echo $(( $(date +%s) - $(stat -c %Y "$1") ))'
+# Writing owner.json takes milliseconds; a lease with none after this long lost its writer.
 EMPTY_OWNER_STALE_S = 60.0
 RELEASE_SCRIPT = (
     '[ ! -d "$1" ] || { [ "$(cat "$1/owner.json" 2>/dev/null)" = "$2" ] && rm -rf "$1"; }'
 )
-# The owner file when the lock is held (exit 0, possibly empty: its writer is still at it), exit 1 when not.
-READ_LOCK_SCRIPT = '[ -d "$1" ] && cat "$1/owner.json" 2>/dev/null; [ -d "$1" ]'
+# The owner file when the lease is held (exit 0, possibly empty: its writer is still at it), exit 1 when not.
+READ_LEASE_SCRIPT = '[ -d "$1" ] && cat "$1/owner.json" 2>/dev/null; [ -d "$1" ]'
 
 
 @dataclass(frozen=True)
-class LockOwner:
+class LeaseOwner:
     host: str
     pid: int
     started: float  # epoch seconds
     what: str
     # epoch seconds by which the holder is done, every step bounded by its timeouts; a
-    # lock past it is stale whatever TTL the reader assumes (None: an older writer)
+    # lease past it is stale whatever TTL the reader assumes (None: an older writer)
     until: float | None = None
     # the run that holds it: a deploy's own id, or `ROLLOUT/HOST` for one host of a rollout ("": an
-    # older writer). Only the same run may take its lock back while its process lives.
+    # older writer). Only the same run may take its lease back while its process lives.
     run: str = ""
 
     def to_json(self) -> str:
@@ -270,11 +270,11 @@ class LockOwner:
         return json.dumps(d, sort_keys=True)
 
     @staticmethod
-    def from_json(text: str) -> LockOwner | None:
+    def from_json(text: str) -> LeaseOwner | None:
         try:
             d = json.loads(text)
             until = float(d["until"]) if d.get("until") is not None else None
-            return LockOwner(str(d["host"]), int(d["pid"]), float(d["started"]), str(d["what"]), until,
+            return LeaseOwner(str(d["host"]), int(d["pid"]), float(d["started"]), str(d["what"]), until,
                              str(d.get("run") or ""))
         except (ValueError, KeyError, TypeError):
             return None
@@ -286,31 +286,31 @@ class LockOwner:
         )
 
 
-def read_lock(remote: Remote, paths: HostPaths) -> str | None:
-    """The lock's owner.json as the host has it ("" while its writer is at it), or None when nobody holds it."""
-    res = remote.run(sh_argv(READ_LOCK_SCRIPT, paths.lock_dir), check=False, what="read the host lock",
+def read_lease(remote: Remote, paths: HostPaths) -> str | None:
+    """The lease's owner.json as the host has it ("" while its writer is at it), or None when nobody holds it."""
+    res = remote.run(sh_argv(READ_LEASE_SCRIPT, paths.lease_dir), check=False, what="read the host lease",
                      changes=False)
     return res.stdout.strip() if res.ok else None
 
 
-def lock_holder(owner_json: str | None, now: float) -> str | None:
-    """Who holds the lock, in words (None: nobody)."""
+def lease_holder(owner_json: str | None, now: float) -> str | None:
+    """Who holds the lease, in words (None: nobody)."""
     if owner_json is None:
         return None
-    owner = LockOwner.from_json(owner_json)
+    owner = LeaseOwner.from_json(owner_json)
     if owner is not None:
         return owner.describe(now)
     return f"an owner it cannot read ({owner_json[:80]})" if owner_json else "an owner that wrote no name yet"
 
 
-def me(what: str, hold_s: float | None = None, run: str = "") -> LockOwner:
+def me(what: str, hold_s: float | None = None, run: str = "") -> LeaseOwner:
     now = round(time.time(), 3)
     until = None if hold_s is None else round(now + hold_s, 3)
-    return LockOwner(socket.gethostname(), os.getpid(), now, what, until, run)
+    return LeaseOwner(socket.gethostname(), os.getpid(), now, what, until, run)
 
 
 def new_run() -> str:
-    """A deploy's own run id (lock ownership): unique per invocation, shared by its recovery."""
+    """A deploy's own run id (lease ownership): unique per invocation, shared by its recovery."""
     return f"d{secrets.token_hex(6)}"
 
 
@@ -325,7 +325,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def is_stale(
-    owner: LockOwner | None,
+    owner: LeaseOwner | None,
     *,
     now: float,
     ttl_s: float,
@@ -333,12 +333,12 @@ def is_stale(
     alive: Callable[[int], bool] = pid_alive,
     own_run: str = "",
 ) -> bool:
-    """A lock is stale when its owner is provably gone, or it outlived any deploy.
+    """A lease is stale when its owner is provably gone, or it outlived any deploy.
 
-    `own_run`: a lock this very run took over a connection that has since died is
+    `own_run`: a lease this very run took over a connection that has since died is
     ours to take back (the recovery after a lost connection). Another run of this
-    same process (a rollout's other thread) holds its lock while it lives: a pid
-    alone never makes a lock ours.
+    same process (a rollout's other thread) holds its lease while it lives: a pid
+    alone never makes a lease ours.
     """
     if owner is None:
         return False  # being written right now, or unreadable: never guess
@@ -349,66 +349,66 @@ def is_stale(
     return now - owner.started > ttl_s
 
 
-class HostLock:
-    """`with HostLock(remote, paths, owner):` — held for one deploy or rollback."""
+class HostLease:
+    """`with HostLease(remote, paths, owner):` — held for one deploy or rollback."""
 
-    def __init__(self, remote: Remote, paths: HostPaths, owner: LockOwner, ttl_s: float = LOCK_TTL_S) -> None:
+    def __init__(self, remote: Remote, paths: HostPaths, owner: LeaseOwner, ttl_s: float = LEASE_TTL_S) -> None:
         self.remote, self.paths, self.owner, self.ttl_s = remote, paths, owner, ttl_s
-        self.broke: LockOwner | None = None
+        self.broke: LeaseOwner | None = None
 
     def _empty_owner_age(self) -> float:
-        res = self.remote.run(sh_argv(LOCK_AGE_SCRIPT, self.paths.lock_dir), check=False, what="lock age",
+        res = self.remote.run(sh_argv(LEASE_AGE_SCRIPT, self.paths.lease_dir), check=False, what="lock age",
                               changes=False)
         text = res.stdout.strip()
         return float(text) if res.ok and text.lstrip("-").isdigit() else 0.0
 
-    def __enter__(self) -> HostLock:
+    def __enter__(self) -> HostLease:
         for _ in range(2):
             res = self.remote.run(
-                sh_argv(ACQUIRE_SCRIPT, self.paths.lock_dir, self.owner.to_json()),
+                sh_argv(ACQUIRE_SCRIPT, self.paths.lease_dir, self.owner.to_json()),
                 check=False,
-                what="take the host lock",
+                what="take the host lease",
             )
             if res.ok:
                 return self
             if res.returncode != 3:
                 raise InfraError(
-                    f"cannot take the host lock {self.paths.lock_dir} on {self.remote.address}",
+                    f"cannot take the host lease {self.paths.lease_dir} on {self.remote.address}",
                     command=res.command,
                     returncode=res.returncode,
                     output=res.stdout + res.stderr,
                 )
-            holder = LockOwner.from_json(res.stdout)
+            holder = LeaseOwner.from_json(res.stdout)
             now = time.time()
             if holder is None and self._empty_owner_age() > EMPTY_OWNER_STALE_S:
-                holder = LockOwner("?", 0, 0.0, "a lock with no owner written")
-                self.remote.run(sh_argv(BREAK_SCRIPT, self.paths.lock_dir, res.stdout, str(int(now))), check=False,
-                                what="break the ownerless host lock")
+                holder = LeaseOwner("?", 0, 0.0, "a lock with no owner written")
+                self.remote.run(sh_argv(BREAK_SCRIPT, self.paths.lease_dir, res.stdout, str(int(now))), check=False,
+                                what="break the ownerless host lease")
                 self.broke = holder
                 continue
             if not is_stale(holder, now=now, ttl_s=self.ttl_s, local_host=socket.gethostname(),
                             own_run=self.owner.run):
                 who = holder.describe(now) if holder else "an owner still writing its name"
-                raise LockHeld(
-                    f"{self.remote.address}: another deploy holds the host lock ({who}); "
-                    f"wait for it to finish, or if it is gone remove {self.paths.lock_dir}"
+                raise LeaseHeld(
+                    f"{self.remote.address}: another deploy holds the host lease ({who}); "
+                    f"wait for it to finish, or if it is gone remove {self.paths.lease_dir}"
                 )
             assert holder is not None
             self.remote.run(
-                sh_argv(BREAK_SCRIPT, self.paths.lock_dir, res.stdout, str(int(now))),
+                sh_argv(BREAK_SCRIPT, self.paths.lease_dir, res.stdout, str(int(now))),
                 check=False,
-                what="break the stale host lock",
+                what="break the stale host lease",
             )
             self.broke = holder
-        raise LockHeld(f"{self.remote.address}: lost the race for the host lock; re-run")
+        raise LeaseHeld(f"{self.remote.address}: lost the race for the host lease; re-run")
 
     def __exit__(self, *exc: object) -> None:
         self.remote.run(
-            sh_argv(RELEASE_SCRIPT, self.paths.lock_dir, self.owner.to_json()),
+            sh_argv(RELEASE_SCRIPT, self.paths.lease_dir, self.owner.to_json()),
             check=False,
-            what="release the host lock",
+            what="release the host lease",
         )
 
 
-class LockHeld(InfraError):
-    """Another live deploy holds the host lock."""
+class LeaseHeld(InfraError):
+    """Another live deploy holds the host lease."""

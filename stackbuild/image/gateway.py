@@ -23,8 +23,8 @@ from stackbuild.image import registry as reg
 from stackbuild.image.ref import pin
 from stackbuild.paths import cache_dir
 from stackbuild.render.gateway import gateway_image_ref, render_gateway
-from stackbuild.spec.gateway_check import gateway_target, lock_command, lock_text
 from stackbuild.spec.lock import resolve, wheels
+from stackbuild.spec.lock.smg import gateway_target, lock_command, lock_text
 from stackbuild.spec.stack import Stack
 
 BUILD_TIMEOUT_S = 3600  # apt and seven wheels, nothing compiled

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from stackbuild.paths import templates_dir
 from stackbuild.render.stack import DOCKER, ENV_DIR, HASH_LEN, exec_line, make_env
 from stackbuild.spec.gateway import Gateway
-from stackbuild.spec.gateway_check import gateway_host, hostname, lock_command, lock_text
+from stackbuild.spec.lock.smg import gateway_host, hostname, lock_command, lock_text
 from stackbuild.spec.stack import Stack
 
 

@@ -11,9 +11,9 @@ from stackbuild.paths import cache_dir
 from stackbuild.spec import patches as patchmod
 from stackbuild.spec import sglang
 from stackbuild.spec.expect_log_check import check_expect_log
-from stackbuild.spec.gateway_check import check_gateway
 from stackbuild.spec.load import positions
 from stackbuild.spec.lock.check import check_lock
+from stackbuild.spec.lock.smg import check_gateway
 from stackbuild.spec.rules import check_rules
 from stackbuild.spec.stack import Stack
 from stackbuild.spec.yamlpos import Pos

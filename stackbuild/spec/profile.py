@@ -351,7 +351,7 @@ BUILTIN_PROFILES: dict[str, GateProfile] = {
         reference_runs=10,
         timeout_s=1800.0,
         stall_timeout_s=120.0,
-        # derived from the timeouts it would be 45 h; a deploy holds the host lock this long at most
+        # derived from the timeouts it would be 45 h; a deploy holds the host lease this long at most
         deadline_s=4 * 3600.0,
     ),
 }

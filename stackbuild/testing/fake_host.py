@@ -7,7 +7,7 @@ failure rather than a silent pass. Each script's effect on files, units and
 images is the real script's, step by step.
 
 Layers: fake_base.py (files, clock, the `Remote` plumbing), fake_systemd.py
-(units, docker; `reboot()`), fake_server.py (the servers and their HTTP), this module (the host lock, the
+(units, docker; `reboot()`), fake_server.py (the servers and their HTTP), this module (the host lease, the
 state file, the secrets files, preflight's reads). Tests script failures per
 command with `fail_when`, a dropped connection with `drop_on`/`drop_when`, and
 how each image's server behaves with `servers` (see `Behaviour`).
@@ -18,18 +18,6 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from stackbuild.host.fake_base import Client, FakeRemote, Killed, Scripted, UnknownCommand
-from stackbuild.host.fake_server import (
-    FAILS_FIRST_GENERATION,
-    NEVER_LISTENS,
-    SERVES,
-    UNHEALTHY,
-    Behaviour,
-    FakeHttp,
-    Proc,
-    crashes,
-)
-from stackbuild.host.fake_systemd import FakeSystemd, SysUnit
 from stackbuild.host.gateway import KEY_SCRIPT, POOL_SCRIPT, RECORDS_SCRIPT
 from stackbuild.host.pcie import PCIE_SCRIPT, TOPO_P2P_READ
 from stackbuild.host.preflight import (
@@ -45,12 +33,24 @@ from stackbuild.host.ssh import RemoteResult
 from stackbuild.host.state import (
     ACQUIRE_SCRIPT,
     BREAK_SCRIPT,
-    LOCK_AGE_SCRIPT,
-    READ_LOCK_SCRIPT,
+    LEASE_AGE_SCRIPT,
+    READ_LEASE_SCRIPT,
     RELEASE_SCRIPT,
     SERVICES_SCRIPT,
 )
 from stackbuild.render.gateway import pool_text, pool_urls
+from stackbuild.testing.fake_base import Client, FakeRemote, Killed, Scripted, UnknownCommand
+from stackbuild.testing.fake_server import (
+    FAILS_FIRST_GENERATION,
+    NEVER_LISTENS,
+    SERVES,
+    UNHEALTHY,
+    Behaviour,
+    FakeHttp,
+    Proc,
+    crashes,
+)
+from stackbuild.testing.fake_systemd import FakeSystemd, SysUnit
 
 __all__ = [
     "FAILS_FIRST_GENERATION",
@@ -143,7 +143,7 @@ class FakeHost(FakeSystemd):
                 self._rmtree(d)
             self._mvtree(lock, f"{lock}.stale.{stamp}")
             return self._ok(cmd)
-        if script == LOCK_AGE_SCRIPT:
+        if script == LEASE_AGE_SCRIPT:
             (lock,) = p
             if lock not in self.dirs:
                 return RemoteResult(cmd, 1, "", f"stat: cannot stat '{lock}'")
@@ -156,7 +156,7 @@ class FakeHost(FakeSystemd):
                 return RemoteResult(cmd, 1, "", "")
             self._rmtree(lock)
             return self._ok(cmd)
-        if script == READ_LOCK_SCRIPT:
+        if script == READ_LEASE_SCRIPT:
             (lock,) = p
             return self._ok(cmd, self.files.get(f"{lock}/owner.json", "")) if lock in self.dirs else \
                 RemoteResult(cmd, 1, "", "")

@@ -10,15 +10,15 @@ from pathlib import Path
 from stackbuild.errors import StackbuildError
 from stackbuild.fleet.inventory import fleet_of, host_stack, select
 from stackbuild.fleet.rollout import each
+from stackbuild.flows.deploy_host import Endpoint, Reach, gateway_lines
 from stackbuild.host import gateway
 from stackbuild.host.converge import status
 from stackbuild.host.reach import gateway_target
-from stackbuild.host.session import Endpoint, Reach, gateway_lines
 from stackbuild.host.ssh import SshOptions, parse_host
-from stackbuild.host.state import HostPaths, lock_holder
+from stackbuild.host.state import HostPaths, lease_holder
 from stackbuild.render.gateway import worker_url
 from stackbuild.results.ledger import Ledger, RolloutRecord
-from stackbuild.spec.gateway_check import hostname
+from stackbuild.spec.lock.smg import hostname
 from stackbuild.spec.stack import Stack
 
 
@@ -61,7 +61,7 @@ def read_fleet(stack: Stack, ssh: SshOptions, hosts: list[str] | None, inventory
             release=(f"{cur.stack}-{cur.variant}" if cur.variant else cur.stack) if cur else None,
             verdict=st.state.last_verdict,
             pending=f"{st.state.pending.op} of {st.state.pending.image}" if st.state.pending else None,
-            lock=lock_holder(st.lock_owner, time.time()), enabled=st.enabled)
+            lock=lease_holder(st.lease_owner, time.time()), enabled=st.enabled)
 
     got = each([h.name for h in chosen], one, 8)
     rows = []

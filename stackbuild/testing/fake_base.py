@@ -152,7 +152,7 @@ class FakeRemote:
             raise self.client.kill(f"{self.address}: killed at {args}")
 
     def _orphan_locks(self) -> None:
-        """The killed client's process is gone: the host locks it held name a pid no process has.
+        """The killed client's process is gone: the host leases it held name a pid no process has.
         (The tests' client is this very process, whose pid stays alive; a lock is its run's, not its
         pid's, so without this a re-run would wait for a "live" killer.)"""
         for path, text in list(self.files.items()):

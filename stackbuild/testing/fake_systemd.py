@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from stackbuild.host.fake_base import FakeRemote, UnknownCommand
-from stackbuild.host.fake_server import Behaviour, FakeHttp, Proc
 from stackbuild.host.ssh import RemoteResult
 from stackbuild.host.unit_probe import POLL_SCRIPT, STATE_PROPERTIES
 from stackbuild.host.units import (
@@ -31,6 +29,8 @@ from stackbuild.host.units import (
     container_image_argv,
     image_id_argv,
 )
+from stackbuild.testing.fake_base import FakeRemote, UnknownCommand
+from stackbuild.testing.fake_server import Behaviour, FakeHttp, Proc
 
 # systemctl show's properties, from the fake's state
 SHOW: dict[str, Callable[[FakeSystemd, str], str]] = {

@@ -12,10 +12,10 @@ from pathlib import Path
 from stackbuild.errors import InputError
 from stackbuild.fleet.inventory import check_chosen, check_host_flags, fleet_of, select
 from stackbuild.fleet.live import Held, only_rollout
-from stackbuild.fleet.ops import RealOps
 from stackbuild.fleet.plan import emptying_waves, plan_waves
 from stackbuild.fleet.rollout import FleetOps, HostRow, Prior, RolloutResult, Settings, run_rollout
-from stackbuild.host.session import RunOptions, deploy_args, gate_profile, resolve_gateway_image, resolve_image
+from stackbuild.flows.deploy_host import RunOptions, deploy_args, gate_profile, resolve_gateway_image, resolve_image
+from stackbuild.flows.rollout_ops import RealOps
 from stackbuild.image import registry
 from stackbuild.results.display import Display, Log, Sink
 from stackbuild.results.ledger import Ledger
@@ -84,7 +84,7 @@ def _run_fleet(args: FleetArgs, echo: Callable[[str], None], make_ops: MakeOps, 
     image, digest = resolve_image(deploy_args(args, stack=args.stack, host_text=""), echo)
     gateway_image = resolve_gateway_image(args, echo)
     with Ledger(recorder.path) as db:
-        # killed (still "running"), stopped by a failed wave, or refused (a host down, a lock held)
+        # killed (still "running"), stopped by a failed wave, or refused (a host down, a lease held)
         same = [r for r in db.rollouts() if r.stack == args.stack.label and r.digest == digest
                 and r.image == image]
     last = same[-1] if same and same[-1].outcome != "completed" else None

@@ -68,7 +68,7 @@ class RunOptions:
     drained: bool = False  # a rollout drained the host out of the gateway (and brought the gateway up) first
     prune_workers: bool = False  # workers in the gateway that stackbuild did not put there are removed
     progress: bool = False  # a live view on the terminal (results/display.py); else plain lines
-    # who owns the host locks it takes: "" a deploy of its own (host/state.py new_run), else ROLLOUT/HOST
+    # who owns the host leases it takes: "" a deploy of its own (host/state.py new_run), else ROLLOUT/HOST
     lock_run: str = ""
 
     @property
@@ -388,7 +388,7 @@ def run_rollback(host_text: str, ssh: SshOptions, *, service: str | None, state_
                  tunnel: bool | None, dry_run: bool, echo: Callable[[str], None] = print,
                  reach: Reach | None = None, stack: Stack | None = None) -> DeployReport:
     """`stackbuild rollback`: the previous release made current again, verified serving within
-    `timeout_s`, under the host lock (converge.rollback). `stack` (`--stack`): its gateway, if it has
+    `timeout_s`, under the host lease (converge.rollback). `stack` (`--stack`): its gateway, if it has
     one, drains what stops and takes the restored release back in."""
     reach = reach or Reach()
     address = parse_host(host_text)

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-from stackbuild.cli.demo_gateway import client, gateway_port, on_port
 from stackbuild.errors import InfraError
+from stackbuild.flows.demo_gateway import client, gateway_port, on_port
 
 # (variant, what the demo shows with it, the exit code it must end with)
 FLEET_SEQUENCE: tuple[tuple[str | None, str, int], ...] = (
@@ -37,8 +37,8 @@ def inventory_text(hosts: list[tuple[str, int, int]]) -> str:
 def run_demo_fleet(n: int, root: Path, root_opt: Path | None, image: str, registry: str, ledger: Path,
                    keep: bool, echo: Callable[[str], None], progress: bool = False) -> None:
     from stackbuild.effects.net import free_port
-    from stackbuild.fleet.session import FleetArgs, run_fleet
-    from stackbuild.fleet.status import latest_rollout, read_fleet, read_gateway, render
+    from stackbuild.flows.fleet_status import latest_rollout, read_fleet, read_gateway, render
+    from stackbuild.flows.rollout import FleetArgs, run_fleet
     from stackbuild.host import local
     from stackbuild.host.ssh import SshOptions
     from stackbuild.spec.load import load_stack

@@ -1,4 +1,4 @@
-"""HostLock against the in-memory FakeHost: exact commands, refusal, stale/ownerless breaking, release."""
+"""HostLease against the in-memory FakeHost: exact commands, refusal, stale/ownerless breaking, release."""
 
 from __future__ import annotations
 
@@ -9,28 +9,28 @@ import time
 import pytest
 
 from stackbuild.errors import InfraError
-from stackbuild.host.fake import SERVES, FakeHost, UnknownCommand
 from stackbuild.host.ssh import ConnectionLost, sh_argv
 from stackbuild.host.state import (
     ACQUIRE_SCRIPT,
     BREAK_SCRIPT,
-    LOCK_AGE_SCRIPT,
+    LEASE_AGE_SCRIPT,
     RELEASE_SCRIPT,
-    HostLock,
+    HostLease,
     HostPaths,
-    LockHeld,
-    LockOwner,
+    LeaseHeld,
+    LeaseOwner,
 )
+from stackbuild.testing.fake_host import SERVES, FakeHost, UnknownCommand
 
 PATHS = HostPaths(state_dir="/var/lib/stackbuild", service="svc")
 LOCK = "/var/lib/stackbuild/svc/lock"
-ME = LockOwner(socket.gethostname(), os.getpid(), 1_700_000_000.0, "deploy", 1_700_000_900.0)
+ME = LeaseOwner(socket.gethostname(), os.getpid(), 1_700_000_000.0, "deploy", 1_700_000_900.0)
 
 
-# HostLock judges staleness by this machine's clock (time.time()), so owners are dated from it.
-def other(host: str = "other-host", until_in_s: float = 600.0) -> LockOwner:
+# HostLease judges staleness by this machine's clock (time.time()), so owners are dated from it.
+def other(host: str = "other-host", until_in_s: float = 600.0) -> LeaseOwner:
     now = time.time()
-    return LockOwner(host, 4242, now - 10, "deploy", now + until_in_s)
+    return LeaseOwner(host, 4242, now - 10, "deploy", now + until_in_s)
 
 
 def held_by(host: FakeHost, owner_json: str, age_s: float = 0.0) -> None:
@@ -41,7 +41,7 @@ def held_by(host: FakeHost, owner_json: str, age_s: float = 0.0) -> None:
 
 def test_free_lock_taken_and_released_with_exact_commands() -> None:
     host = FakeHost()
-    with HostLock(host, PATHS, ME, ttl_s=900) as lock:
+    with HostLease(host, PATHS, ME, ttl_s=900) as lock:
         assert host.files[f"{LOCK}/owner.json"] == ME.to_json()
         assert lock.broke is None
     assert host.commands == [
@@ -55,7 +55,7 @@ def test_live_owner_refused_and_nothing_changed() -> None:
     host = FakeHost()
     held_by(host, other().to_json())
     before = (dict(host.files), dict(host.dirs))
-    with pytest.raises(LockHeld, match="another deploy holds the host lock"), HostLock(host, PATHS, ME, ttl_s=900):
+    with pytest.raises(LeaseHeld, match="another deploy holds the host lease"), HostLease(host, PATHS, ME, ttl_s=900):
         pytest.fail("must not enter")
     assert (host.files, host.dirs) == before
     assert host.commands == [sh_argv(ACQUIRE_SCRIPT, LOCK, ME.to_json())]
@@ -65,7 +65,7 @@ def test_expired_owner_broken_then_taken() -> None:
     host = FakeHost()
     stale = other(until_in_s=-1.0)
     held_by(host, stale.to_json())
-    with HostLock(host, PATHS, ME, ttl_s=900) as lock:
+    with HostLease(host, PATHS, ME, ttl_s=900) as lock:
         assert lock.broke == stale
         assert host.files[f"{LOCK}/owner.json"] == ME.to_json()
     assert host.commands[0] == sh_argv(ACQUIRE_SCRIPT, LOCK, ME.to_json())
@@ -79,13 +79,13 @@ def test_expired_owner_broken_then_taken() -> None:
 def test_ownerless_lock_broken_only_when_old() -> None:
     young = FakeHost()
     held_by(young, "", age_s=5)
-    with pytest.raises(LockHeld, match="an owner still writing its name"), HostLock(young, PATHS, ME, ttl_s=900):
+    with pytest.raises(LeaseHeld, match="an owner still writing its name"), HostLease(young, PATHS, ME, ttl_s=900):
         pass
-    assert young.commands == [sh_argv(ACQUIRE_SCRIPT, LOCK, ME.to_json()), sh_argv(LOCK_AGE_SCRIPT, LOCK)]
+    assert young.commands == [sh_argv(ACQUIRE_SCRIPT, LOCK, ME.to_json()), sh_argv(LEASE_AGE_SCRIPT, LOCK)]
 
     old = FakeHost()
     held_by(old, "", age_s=120)
-    with HostLock(old, PATHS, ME, ttl_s=900) as lock:
+    with HostLease(old, PATHS, ME, ttl_s=900) as lock:
         assert lock.broke is not None and lock.broke.pid == 0
     assert old.files.get(f"{LOCK}/owner.json") is None  # released
 
@@ -93,7 +93,7 @@ def test_ownerless_lock_broken_only_when_old() -> None:
 def test_connection_lost_while_acquiring_propagates() -> None:
     host = FakeHost()
     host.drop_on(1)
-    with pytest.raises(ConnectionLost), HostLock(host, PATHS, ME, ttl_s=900):
+    with pytest.raises(ConnectionLost), HostLease(host, PATHS, ME, ttl_s=900):
         pass
 
 
@@ -171,7 +171,7 @@ def test_broken_locks_do_not_pile_up_and_status_shows_an_ownerless_one() -> None
     host.files[LOCK + ".stale.1/owner.json"] = ""
     held_by(host, "", age_s=120)
     assert "LOCKED: an owner that wrote no name" in status(host, PATHS).render(host.address)
-    with HostLock(host, PATHS, ME, ttl_s=900) as lock:
+    with HostLease(host, PATHS, ME, ttl_s=900) as lock:
         assert lock.broke is not None and lock.broke.what == "a lock with no owner written"
     kept = [d for d in host.dirs if d.startswith(LOCK + ".stale.")]
     assert len(kept) == 1 and kept[0] != LOCK + ".stale.1" and LOCK + ".stale.1/owner.json" not in host.files
@@ -179,18 +179,18 @@ def test_broken_locks_do_not_pile_up_and_status_shows_an_ownerless_one() -> None
 
 
 def test_two_runs_of_one_process_never_break_each_other_s_lock() -> None:
-    """Issue #29: a rollout's threads share the pid; a lock its other thread took 0.18 s ago was broken
+    """Issue #29: a rollout's threads share the pid; a lease its other thread took 0.18 s ago was broken
     as stale. The owner is the run (rollout/host), so the second is refused; the first's own run (its
     recovery after a lost connection) may still take it back."""
     host = FakeHost()
-    first = LockOwner(socket.gethostname(), os.getpid(), time.time(), "deploy", time.time() + 600, run="r1/a")
-    second = LockOwner(socket.gethostname(), os.getpid(), time.time(), "deploy", time.time() + 600, run="r1/b")
-    with HostLock(host, PATHS, first, ttl_s=900):
-        with pytest.raises(LockHeld, match=r"another deploy holds the host lock \(deploy \(r1/a\) by pid"), \
-                HostLock(host, PATHS, second, ttl_s=900):
+    first = LeaseOwner(socket.gethostname(), os.getpid(), time.time(), "deploy", time.time() + 600, run="r1/a")
+    second = LeaseOwner(socket.gethostname(), os.getpid(), time.time(), "deploy", time.time() + 600, run="r1/b")
+    with HostLease(host, PATHS, first, ttl_s=900):
+        with pytest.raises(LeaseHeld, match=r"another deploy holds the host lease \(deploy \(r1/a\) by pid"), \
+                HostLease(host, PATHS, second, ttl_s=900):
             pytest.fail("must not enter")
         assert host.files[f"{LOCK}/owner.json"] == first.to_json()
         assert not any(d.startswith(LOCK + ".stale.") for d in host.dirs)
-        again = LockOwner(first.host, first.pid, time.time(), "recover", None, run="r1/a")
-        with HostLock(host, PATHS, again, ttl_s=900) as lock:
+        again = LeaseOwner(first.host, first.pid, time.time(), "recover", None, run="r1/a")
+        with HostLease(host, PATHS, again, ttl_s=900) as lock:
             assert lock.broke == first

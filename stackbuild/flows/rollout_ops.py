@@ -23,6 +23,7 @@ from stackbuild.fleet.inventory import host_stack
 from stackbuild.fleet.plan import host_class, spread
 from stackbuild.fleet.rollout import DeployResult, HostView, each
 from stackbuild.fleet.soak import Sample, SoakResult, parse_counters, soak
+from stackbuild.flows.deploy_host import Endpoint, RunOptions, deploy_args, run_deploy
 from stackbuild.gate.result import GateResult
 from stackbuild.host import converge, units
 from stackbuild.host.deploy_steps import deploy_ports, place, slot_port
@@ -31,7 +32,6 @@ from stackbuild.host.outcome import DeployReport
 from stackbuild.host.pool import GatewayLink
 from stackbuild.host.preflight import run_preflight
 from stackbuild.host.reach import gateway_link, gateway_target, same_host
-from stackbuild.host.session import Endpoint, RunOptions, deploy_args, run_deploy
 from stackbuild.host.ssh import Remote, parse_host
 from stackbuild.host.state import HostPaths, read_state
 from stackbuild.host.unit_probe import unit_state
@@ -39,7 +39,7 @@ from stackbuild.render.gateway import worker_url
 from stackbuild.render.stack import render_unit
 from stackbuild.results.display import Event, Log, Note, Sink, Step, bind
 from stackbuild.spec.fleet import FleetHost
-from stackbuild.spec.gateway_check import hostname
+from stackbuild.spec.lock.smg import hostname
 from stackbuild.spec.stack import Stack
 
 
@@ -67,7 +67,7 @@ def view_on(r: Remote, hs: Stack, image: str) -> HostView:
         image=cur.image if cur else None,
         verdict=st.state.last_verdict,
         pending=st.state.pending is not None,
-        lock=st.lock_owner or None,
+        lock=st.lease_owner or None,
         active=st.active,
         since=cur.at if cur else None,
     )
