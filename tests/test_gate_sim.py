@@ -24,7 +24,7 @@ PER_TEST = True  # each test starts its own simulators
 # barely moves a run (at --speed 10 the whole suite's load left the gate unable to decide)
 VERDICT_SPEED = "4"
 SMALL = ["--concurrency", "8", "--input-len", "32", "--output-len", "160", "--runs", "3",
-         "--max-runs", "5", "--warmup", "1", "--no-progress"]
+         "--max-runs", "10", "--warmup", "1", "--no-progress"]
 
 
 def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -39,8 +39,8 @@ def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     lv = result["levels"][0]
     assert result["verdict"] == "pass" and lv["verdict"] == "pass"
     assert lv["ratio"] > 1.03 and lv["ci_low"] >= 0.95
-    # usually decided on the first 3 runs; a stall of the shared cores may ask for more, within the cap
-    assert 3 <= len(lv["runs"]) <= 5
+    # decided within the cap (the sequential design looks from where its boundary can be crossed)
+    assert 3 <= len(lv["runs"]) <= 10
     assert f"| 30 | {len(lv['runs'])} |" in out and "PASS" in out
     suite = ET.parse(tmp_path / "r.xml").getroot()
     assert suite.get("failures") == "0" and suite.get("tests") == "4"  # C=30, probe, agreement, bars
@@ -224,7 +224,11 @@ def test_capacity_under_an_slo_matches_the_model_within_one_step() -> None:
     speed, slo_ms = 2.0, 16.8  # baseline's model TPOT at C=20, between grid levels 16 and 24
     prof = GateProfile(concurrency=(1,), input_len=32, output_len=128, runs=1, max_runs=1,
                        warmup=1, slo={"tpot_p99_ms": slo_ms}, capacity_max_concurrency=96,
-                       agreement_prompts=0)
+                       agreement_prompts=0,
+                       # the search against the model, not the interval's coverage (bench/gate_calibration.py's
+                       # capacity_coverage): 32 requests a level keep it to seconds where the default 400 took
+                       # minutes a level at C=1; below 367 the p99's upper end is infinite, so low may be 0
+                       capacity_min_requests=32)
     cap = ("--max-running-requests", "256")
     with sim("--speed", str(speed)) as inc, \
             sim("--speed", str(speed), "--profile", "eagle3-topk1-v2", *cap) as cand:

@@ -64,9 +64,9 @@ def test_derived_deadline_is_the_workloads_worst_case() -> None:
     # 4 prompts at once = 1 round, both sides plus the candidate's teacher-forced pass (x3);
     # completions and chat 8 prompts = 1 round each, both sides (x2); no busy part (C=8 is
     # not above 8 at a time): (4 + 1) x 3 + (1 + 1) x 2 = 19 rounds
-    # capacity: 2 sides x 6 steps x 32 rounds x 60 s
+    # capacity: 2 sides x 6 steps x 400 rounds (capacity_min_requests at C=1) x 60 s
     assert p.phase_bounds_s() == {"ready": 20, "warmup": 120, "levels": 1440, "probe": 360, "agreement": 19 * 60}
     assert p.gate_deadline_s() == 1440 + 120 + 360 + 20 + 19 * 60
-    assert p.with_overrides(slo={"itl_p99_ms": 50}).phase_bounds_s()["capacity"] == 2 * 6 * 32 * 60
+    assert p.with_overrides(slo={"itl_p99_ms": 50}).phase_bounds_s()["capacity"] == 2 * 6 * 400 * 60
     assert p.with_overrides(deadline_s=90).gate_deadline_s() == 90
     assert BUILTIN_PROFILES["quick"].workload().stall_timeout_s == 10.0

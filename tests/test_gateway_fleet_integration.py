@@ -53,7 +53,8 @@ def spec(gw_service: str, gw_port: int, gw_metrics: int) -> str:
     tree["runtime"]["secrets"] = ["HF_TOKEN"]  # a secret the servers get: it must land in their 0600 file only
     tree["host"] = {"strategy": "side-by-side", "registry": "127.0.0.1:5000/stackbuild",
                     "fleet": {"waves": [1, "100%"]}}
-    tree["gateway"] = {"base_image": "local/debian:bookworm", "service": gw_service, "listen": "127.0.0.1",
+    tree["gateway"] = {"base_image": "local/debian:bookworm", "exclude_newer": "2026-12-03T00:00:00Z",
+                       "service": gw_service, "listen": "127.0.0.1",
                        "port": gw_port, "metrics_port": gw_metrics, "policy": "round_robin",
                        "health": {"interval_s": 2, "timeout_s": 3}, "drain_timeout_s": 30, "shutdown_grace_s": 10}
     tree["variants"] = {v: tree["variants"][v] for v in ("good2", "slower")}
