@@ -42,8 +42,12 @@ def test_alias_bomb_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_deep_nesting_is_bounded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _one_line(capsys, _spec(tmp_path, b"a: " + b"[" * 3000 + b"]" * 3000 + b"\n"), "nested deeper than 50 levels")
-    _one_line(capsys, _spec(tmp_path, b"a: " + b"[" * 60 + b"]" * 60 + b"\n"), "nested deeper than 50 levels")
+    # located at the first node past the limit: "a" is depth 1, so the 51st bracket (column 4 + 50)
+    _one_line(capsys, _spec(tmp_path, b"a: " + b"[" * 3000 + b"]" * 3000 + b"\n"),
+              "s.yaml:1:54: error: YAML nested deeper than 50 levels")
+    _one_line(capsys, _spec(tmp_path, b"a: " + b"[" * 60 + b"]" * 60 + b"\n"), "s.yaml:1:54: error: YAML nested deeper")
+    main(_spec(tmp_path, b"a: " + b"[" * 50 + b"]" * 50 + b"\n"))  # at the limit: other errors, not this one
+    assert "nested deeper" not in capsys.readouterr().err
 
 
 def test_huge_file_is_refused_unread(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

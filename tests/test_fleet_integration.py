@@ -62,12 +62,18 @@ gate:
     tiny:
       concurrency: [4]
       input_len: 16
-      output_len: 64
+      # runs of ~1.4 s (3 rounds of 4 requests of 128 tokens at --speed 4): twice the deploy tests'
+      # length, since this profile stops at 6 runs (the generation budget above counts requests,
+      # not tokens); a CI run under the whole suite's load read an equal build's 6 runs as
+      # -24%..+16% with 64 tokens
+      output_len: 128
       min_requests: 12
       warmup: 1
       runs: 3
       max_runs: 6
-      tolerance: 0.2
+      # the policies, not the gate's precision, are under test here: "slower" and the sick host
+      # read at half speed (ratio 0.5), far past 0.3 either way
+      tolerance: 0.3
       timeout_s: 20
       agreement_prompts: 4
       # the token-id part only: the generation count below is what a dying candidate gets through

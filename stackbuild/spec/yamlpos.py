@@ -58,8 +58,29 @@ def _pos(file: str, node: yaml.Node) -> Pos:
     return Pos(file, node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+class _TooDeep(Exception):
+    def __init__(self, mark: yaml.Mark | None) -> None:
+        self.mark = mark
+
+
 class _Constructor(yaml.SafeLoader):
-    """Only used for scalar resolution and merge-key flattening."""
+    """Only used for scalar resolution and merge-key flattening; composing is bounded in depth.
+
+    PyYAML composes nodes recursively: without a bound, 3000 nested brackets run until Python's
+    recursion limit (seconds of work, and a position-less error). Counting here stops at the
+    first node past the limit, where its mark is known.
+    """
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH + 1:  # the document's root is depth 1, its values depth 2...
+                raise _TooDeep(self.peek_event().start_mark)  # type: ignore[no-untyped-call]
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def load_located(text: str, file: str) -> Located:
@@ -83,7 +104,10 @@ def load_located(text: str, file: str) -> Located:
         ) from err
     except yaml.YAMLError as err:
         raise YamlProblem(Pos(file, 1, 1), f"YAML: {' '.join(str(err).split())}", "yaml-syntax") from err
-    except RecursionError:
+    except _TooDeep as err:
+        pos = Pos(file, err.mark.line + 1, err.mark.column + 1) if err.mark else Pos(file, 1, 1)
+        raise YamlProblem(pos, f"YAML nested deeper than {MAX_DEPTH} levels; flatten it", "yaml-limit") from None
+    except RecursionError:  # a limit below ours (a deep stack already): still one line, never a traceback
         raise YamlProblem(Pos(file, 1, 1), f"YAML nested deeper than {MAX_DEPTH} levels; flatten it",
                           "yaml-limit") from None
     out = Located(data=None, file=file)
