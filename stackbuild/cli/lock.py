@@ -105,9 +105,11 @@ def _gateway(spec: Stack, out: Path | None, offline: bool) -> None:
 
 
 def _resolve(spec: Stack, out: Path | None, offline: bool) -> None:
+    from stackbuild.image.registry import base_digest
     from stackbuild.spec.lock import run as lockrun
 
-    result = lockrun.lock_stack(spec, offline=offline, progress=lambda m: click.echo(m, err=True))
+    result = lockrun.lock_stack(spec, offline=offline, progress=lambda m: click.echo(m, err=True),
+                                base_digest=base_digest)
     if out is not None:
         result.redirect(out)
     for f in result.findings:
