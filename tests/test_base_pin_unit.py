@@ -133,6 +133,10 @@ def test_lock_pins_what_the_registry_names_and_says_why_when_it_cannot() -> None
     assert base.resolve(TAG, BasePin("other:tag", D2), offline=True, tag_digest=found)[0] == BasePin(
         TAG, None, "locked offline")
     assert asked == [TAG]  # offline: not asked
+    # offline, the committed record of the same base stands as it is (so `lock --offline` rewrites nothing)
+    assert base.resolve(TAG, BasePin(TAG, None, "its registry docker.io did not answer"), offline=True,
+                        tag_digest=found)[0] == BasePin(TAG, None, "its registry docker.io did not answer")
+    assert base.resolve(TAG, BasePin(TAG, D2), offline=True, tag_digest=found)[0] == BasePin(TAG, D2)
     spec_pinned, asked = _resolver(D2)
     assert base.resolve(f"{TAG}@{D1}", None, offline=False, tag_digest=spec_pinned)[0] == BasePin(TAG, D1)
     assert base.resolve("local/debian:bookworm", None, offline=False, tag_digest=spec_pinned)[0] == BasePin(

@@ -105,6 +105,8 @@ def resolve(base_image: str, previous: BasePin | None, *, offline: bool,
     if name.startswith(LOCAL_PREFIX):
         return BasePin(name, None, "a local image, in no registry"), f"base image {name} is local: unpinned"
     if offline or tag_digest is None:
+        if previous is not None and previous.name == name:  # what the committed lock found, pinned or not
+            return previous, f"base image {name}: not asked offline; as the committed lock recorded it"
         why = "locked offline"
     else:
         try:
