@@ -26,6 +26,7 @@ D1 = "sha256:" + "d1" * 32
 D2 = "sha256:" + "d2" * 32
 TAG = "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"
 RULE = next(r for r in RULES if r.id == "base-image-digest")
+TAG_DIGEST = registry.tag_digest
 
 
 @pytest.mark.parametrize(("image", "want"), [
@@ -109,6 +110,13 @@ def test_the_registry_adapter_says_why_in_a_phrase_the_lock_can_keep(monkeypatch
     with pytest.raises(Unanswered) as err:
         registry.base_digest(TAG)
     assert err.value.why == "its registry docker.io did not answer"
+    # a registry that wants credentials (a 401 without a Bearer challenge) names nothing to an anonymous client
+    monkeypatch.setattr(registry, "tag_digest", TAG_DIGEST)
+    monkeypatch.setattr(http, "request", lambda method, url, **kw: http.Reply(401, b"", {
+        "www-authenticate": 'Basic realm="private"'}))
+    with pytest.raises(Unanswered) as err:
+        registry.base_digest("registry.example.com/team/base:1")
+    assert err.value.why == "its registry registry.example.com would not name it to an anonymous client"
     asked: list[tuple[str, str, str]] = []
 
     def found(host: str, repo: str, tag: str) -> str | None:

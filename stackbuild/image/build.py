@@ -208,7 +208,7 @@ def check_locked_base(
     host, repo, tag, _ = distribution(stack.base_image)
     try:
         now = tag_digest(host, repo, tag)
-    except InfraError as err:
+    except (reg.Unreachable, reg.NoDigest) as err:
         echo(f"note: cannot check that {stack.base_image} still names the locked {locked.digest} ({err}); "
              "building the locked digest")
         return locked.digest

@@ -42,6 +42,10 @@ class Unreachable(InfraError):
     """The registry did not answer at all (no route, no name, refused, timed out)."""
 
 
+class NoDigest(InfraError):
+    """The registry answered, but would not name the tag's digest (credentials wanted, a bad answer)."""
+
+
 @dataclass(frozen=True)
 class Ref:
     host: str
@@ -157,10 +161,10 @@ def tag_digest(host: str, repo: str, tag: str, *, timeout: float = 10) -> str | 
     if status == 404:
         return None
     if status in (401, 403):
-        raise InfraError(f"registry {host} does not name {repo}:{tag} to an anonymous client")
+        raise NoDigest(f"registry {host} does not name {repo}:{tag} to an anonymous client")
     digest = headers.get("docker-content-digest", "")
     if status != 200 or not _DIGEST_RE.match(digest):
-        raise InfraError(f"registry: HEAD {url} answered {status} without a sha256 Docker-Content-Digest")
+        raise NoDigest(f"registry: HEAD {url} answered {status} without a sha256 Docker-Content-Digest")
     return digest
 
 
@@ -173,7 +177,7 @@ def base_digest(image: str) -> str | None:
         return tag_digest(host, repo, tag)
     except Unreachable:
         raise Unanswered(f"its registry {host} did not answer") from None
-    except InfraError:
+    except NoDigest:
         raise Unanswered(f"its registry {host} would not name it to an anonymous client") from None
 
 
