@@ -67,8 +67,10 @@ def test_lock_writes_lock_and_audit_and_prints_the_table(
     assert run_cli(capsys, "--root", str(root), "validate", "s")[:2] == (0, [])
     # offline: natives from the committed lock, audits from the committed file
     rc, err, _ = run_cli(capsys, "--root", str(root), "lock", "s", "--offline")
-    assert (rc, err[-1]) == (0, "resolving torch==2.14.1 sglang-kernel==0.4.10 flashinfer-python==0.7.2 "
-                                "sglang==0.5.23 for python 3.12 on x86_64-manylinux_2_39")  # fmt: skip
+    assert (rc, err[-2:]) == (0, ["resolving torch==2.14.1 sglang-kernel==0.4.10 flashinfer-python==0.7.2 "
+                                  "sglang==0.5.23 for python 3.12 on x86_64-manylinux_2_39",
+                                  "base image nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04 is pinned by the spec "
+                                  f"(sha256:{'5e' * 32})"])  # fmt: skip
 
 
 def test_a_closure_of_the_wrong_cuda_major_writes_nothing(

@@ -325,11 +325,13 @@ def test_a_base_pinned_by_digest_is_built_from_exactly_that_image(tmp_path: Path
 
     rule = next(r for r in RULES if r.id == "base-image-digest")
     tagged = load_stack("cuda13", root=ROOT)
+    tag = "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"
     assert [f.message for f in check_rules(tagged, (rule,))] == [
-        "base_image 'nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04' is unpinned (a tag, not a digest): the registry "
-        "can move it, and nothing records which image a build used; pin it: `docker buildx imagetools inspect "
-        "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04` (or `docker pull` then `docker image inspect --format "
-        "'{{index .RepoDigests 0}}'`) and write nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04@sha256:DIGEST"]
+        f"base_image '{tag}' is unpinned (its registry docker.io did not answer): its registry can move the tag, "
+        "and nothing records which image a build used; pin it: run `stackbuild lock cuda13` where its registry "
+        "answers (the lock records the digest, FROM carries it, build checks it), or write "
+        f"`base_image: {tag}@sha256:DIGEST` with the digest `docker buildx imagetools inspect {tag}` prints"]
+    assert f"FROM {tag} AS base\n" in render_stack(tagged).files["Dockerfile"]
     pinned_ref = "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04@sha256:" + "ab" * 32
     root = project(tmp_path, {"s.yaml": re.sub(r"base_image: \S+", f"base_image: {pinned_ref}", BASE)})
     pinned = load_stack("s", root=root)

@@ -29,7 +29,13 @@ def build_cmd(
     progress: str,
     ledger: Path | None,
 ) -> None:
-    """Build the stack image with BuildKit, smoke-test it, push it."""
+    """Build the stack image with BuildKit, smoke-test it, push it.
+
+    A base image the lock pinned by digest is built from exactly that digest; a tag that names another
+    one since the lock is refused (exit 2: relock, or pin the old digest in the spec). A local base
+    (local/...) is pinned by the daemon's image id: the image is labelled with it and checked to sit
+    on that base's layers.
+    """
     from stackbuild.image.build import build_stack
     from stackbuild.paths import stack_root
     from stackbuild.results.ledger import default_ledger_path

@@ -57,7 +57,10 @@ def lock_cmd(
 
     The lock (stacks/locks/STACK.txt; STACK.VARIANT.txt for a variant whose
     closure differs) pins every distribution by sha256 with the index it came
-    from, as of lock.exclude_newer; the audit (STACK.audit.json beside it)
+    from, as of lock.exclude_newer, and the base image by the digest its
+    registry names for the tag now (where the registry answers; else the
+    header says it is unpinned and `validate` says how to pin it; --offline
+    keeps the committed record); the audit (STACK.audit.json beside it)
     records, per native wheel, the CUDA libraries it links and the GPU arches it
     carries. Beside them: the source stages' hash-pinned build tools
     (STACK.build-tools.txt; each source.ref's commit is in the lock's header) and
@@ -105,9 +108,11 @@ def _gateway(spec: Stack, out: Path | None, offline: bool) -> None:
 
 
 def _resolve(spec: Stack, out: Path | None, offline: bool) -> None:
+    from stackbuild.image.registry import base_digest
     from stackbuild.spec.lock import run as lockrun
 
-    result = lockrun.lock_stack(spec, offline=offline, progress=lambda m: click.echo(m, err=True))
+    result = lockrun.lock_stack(spec, offline=offline, progress=lambda m: click.echo(m, err=True),
+                                base_digest=base_digest)
     if out is not None:
         result.redirect(out)
     for f in result.findings:

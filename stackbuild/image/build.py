@@ -21,15 +21,20 @@ from typing import Any
 from stackbuild.errors import InfraError, InputError
 from stackbuild.image import buildkit, context, engine
 from stackbuild.image import registry as reg
-from stackbuild.image.ref import pin
+from stackbuild.image.ref import distribution, pin
 from stackbuild.image.smoke import smoke_test
 from stackbuild.paths import cache_dir
 from stackbuild.render.stack import image_ref
-from stackbuild.spec.load import load_stack
+from stackbuild.spec.load import load_stack, positions
+from stackbuild.spec.lock.base import LOCAL_PREFIX, agrees, digest_of
+from stackbuild.spec.lock.base import parse as parse_base
+from stackbuild.spec.lock.locked import lock_text
+from stackbuild.spec.lock.target import lock_command
 from stackbuild.spec.stack import Stack
 
 Echo = Callable[[str], None]
 BUILD_TIMEOUT_S = 6 * 3600  # a torch source build takes hours
+BASE_ID_LABEL = "dev.stackbuild.base.id"  # the local base's image id the image was built on
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Plan:
     builder: buildkit.Builder
     ctx: context.Context
     display: str  # "tty": a progress bar per stage; "plain": BuildKit's lines; "stages": a line per stage built
+    local_base: dict[str, Any] | None = None  # a `local/` base as the daemon had it when the build began
 
     @property
     def argv(self) -> list[str]:
@@ -107,11 +113,12 @@ def build_stack(
             progress=progress,
             push=push,
             dry_run=True,
+            echo=echo,
         )
         _print_dry_run(plan, echo, daemon=c is not None)
         return BuildResult(plan.ref, plan.ref.rsplit(":", 1)[1], plan.hash, None, None, skipped=True, lock=plan.lock)
     with tempfile.TemporaryDirectory(prefix="stackbuild-ctx-") as tmp:
-        plan = _plan(stack, target, Path(tmp), c, no_cache=no_cache, progress=progress, push=push)
+        plan = _plan(stack, target, Path(tmp), c, no_cache=no_cache, progress=progress, push=push, echo=echo)
         with _lock(plan.hash):
             return _execute(plan, c, push=push, echo=echo)
 
@@ -140,11 +147,13 @@ def _plan(
     progress: str | None,
     push: bool,
     dry_run: bool = False,
+    echo: Echo = _echo,
 ) -> Plan:
     rendered = context.rendered_for_image(stack)
     ctx = context.assemble(rendered.files, tmp / "context", python=stack.python)
-    if c is not None and stack.base_image.startswith("local/") and engine.image_attrs(c, stack.base_image) is None:
-        raise InfraError(f"base image {stack.base_image} is absent; make it with: bash scripts/infra/up.sh")
+    local_base = _local_base(c, stack)
+    if not dry_run:
+        check_locked_base(stack, echo=echo)
     digest = rendered.content_hash
     repo = target or "stackbuild"
     ref = image_ref(stack, digest, repo)
@@ -155,7 +164,8 @@ def _plan(
     request = buildkit.BuildRequest(
         context=ctx.dir,
         tag=f"{ref}-partial{os.getpid()}",
-        labels={},  # the Dockerfile's own LABELs carry the hash and the lock
+        # the Dockerfile's own LABELs carry the hash and the lock; a local base's id is known only here
+        labels={BASE_ID_LABEL: local_base["Id"]} if local_base else {},
         build_args=build_args,
         secrets=_secret_files(stack, tmp / "secrets", write=not dry_run),
         cache_from=(cache_ref,) if cache_ref and not no_cache and _exists(cache_ref) else (),
@@ -165,7 +175,64 @@ def _plan(
         iidfile=tmp / "iid",
     )
     display = progress or ("tty" if sys.stderr.isatty() else "plain")
-    return Plan(stack, repo, target, ref, digest, rendered.lock, request, builder, ctx, display)
+    return Plan(stack, repo, target, ref, digest, rendered.lock, request, builder, ctx, display, local_base)
+
+
+def _local_base(c: Any, stack: Stack) -> dict[str, Any] | None:
+    """A `local/` base (made on this machine, in no registry) as the daemon has it now: its id pins it.
+
+    FROM cannot carry that pin: BuildKit reads `NAME@sha256:D` as a registry manifest digest, and an image
+    made by `docker import` has none (its RepoDigests are empty; its Id is the digest of its config, which
+    lists its layers). So the build records the id it starts from and checks the image it made is built on it.
+    """
+    if c is None or not stack.base_image.startswith(LOCAL_PREFIX):
+        return None
+    attrs = engine.image_attrs(c, stack.base_image)
+    if attrs is None:
+        raise InfraError(f"base image {stack.base_image} is absent; make it with: bash scripts/infra/up.sh")
+    return attrs
+
+
+def check_locked_base(
+    stack: Stack, *, echo: Echo, tag_digest: Callable[[str, str, str], str | None] = reg.tag_digest
+) -> str | None:
+    """Before building FROM the digest the lock pinned, ask the registry whether the spec's tag still names it:
+    a tag moved since `lock` is refused (the user relocks to take the new base, or pins the old one in the
+    spec); a registry that does not answer is a note, since FROM builds the locked digest all the same.
+    Returns the digest FROM carries (None when the base is unpinned or the spec pins it itself)."""
+    if digest_of(stack.base_image) is not None:
+        return None
+    locked = parse_base(lock_text(stack) or "")
+    if locked is None or locked.digest is None or not agrees(locked, stack.base_image):
+        return None
+    host, repo, tag, _ = distribution(stack.base_image)
+    try:
+        now = tag_digest(host, repo, tag)
+    except (reg.Unreachable, reg.NoDigest) as err:
+        echo(f"note: cannot check that {stack.base_image} still names the locked {locked.digest} ({err}); "
+             "building the locked digest")
+        return locked.digest
+    if now != locked.digest:
+        named_now = f"names {now}" if now else "is gone from its registry"
+        at = positions(stack).pos(("base_image",))
+        raise InputError(
+            f"{at.file}:{at.line}:{at.col}: base image {stack.base_image} {named_now}, but the lock pins "
+            f"{locked.digest}: run `{lock_command(stack)}` to take the new base, or keep the locked one with "
+            f"base_image: {stack.base_image}@{locked.digest}"
+        )
+    return locked.digest
+
+
+def verify_local_base(c: Any, image_id: str, base: dict[str, Any]) -> None:
+    """The image just built sits on the local base the build started from: its layers begin with the base's."""
+    built = engine.image_attrs(c, image_id) or {}
+    have = list((built.get("RootFS") or {}).get("Layers") or [])
+    want = list((base.get("RootFS") or {}).get("Layers") or [])
+    if not want or have[: len(want)] != want:
+        raise InfraError(
+            f"the image built ({image_id}) is not built on the local base {base['Id']} this build started from "
+            "(was the base re-made during the build?); build again"
+        )
 
 
 def _exists(ref: str) -> bool:
@@ -219,11 +286,14 @@ def _lock(digest: str) -> Iterator[None]:
 def _execute(plan: Plan, c: Any, *, push: bool, echo: Echo) -> BuildResult:
     tag = plan.ref.rsplit(":", 1)[1]
     local = engine.image_attrs(c, plan.ref)
-    if local is not None and engine.labels_of(local).get("dev.stackbuild.hash") == plan.hash:
+    stale_base = _built_on_other_base(local, plan.local_base)
+    if stale_base:
+        echo(stale_base)
+    elif local is not None and engine.labels_of(local).get("dev.stackbuild.hash") == plan.hash:
         echo(f"skipped: {plan.ref} already exists locally (same content hash)")
         digest = _ensure_pushed(plan, c, echo) if push else _registry_digest(plan)
         return BuildResult(plan.ref, tag, plan.hash, str(local["Id"]), digest, skipped=True, lock=plan.lock)
-    if plan.registry and (remote := _registry_digest(plan)):
+    if not stale_base and plan.registry and (remote := _registry_digest(plan)):
         echo(f"skipped: {plan.ref} already exists in the registry ({remote})")
         return BuildResult(plan.ref, tag, plan.hash, None, remote, skipped=True, lock=plan.lock)
     log_path = (
@@ -239,16 +309,29 @@ def _execute(plan: Plan, c: Any, *, push: bool, echo: Echo) -> BuildResult:
         image_id = (plan.request.iidfile.read_text().strip() if plan.request.iidfile else "") or str(
             c.images.get(partial).id
         )
+        if plan.local_base is not None:
+            verify_local_base(c, image_id, plan.local_base)
         for line in smoke_test(c, partial, plan.stack):
             echo(f"smoke: {line}")
         engine.tag(c, image_id, plan.ref)
     finally:
         engine.untag(c, partial)
     echo(f"built {plan.ref} ({image_id})")
-    digest = _ensure_pushed(plan, c, echo) if push else None
+    digest = _ensure_pushed(plan, c, echo, replace=bool(stale_base)) if push else None
     return BuildResult(
         plan.ref, tag, plan.hash, image_id, digest, skipped=False, log_path=str(log_path), lock=plan.lock
     )
+
+
+def _built_on_other_base(local: dict[str, Any] | None, base: dict[str, Any] | None) -> str | None:
+    """Why an image of the same content hash must be built again: it sits on another local base than the
+    daemon's now (scripts/infra/up.sh re-made it), which the hash cannot see; None when it may be reused."""
+    if local is None or base is None:
+        return None
+    was = engine.labels_of(local).get(BASE_ID_LABEL)
+    if was is None or was == base["Id"]:
+        return None
+    return f"rebuilding: the image was built on local base {was}, the daemon's is now {base['Id']}"
 
 
 def _registry_digest(plan: Plan) -> str | None:
@@ -260,9 +343,10 @@ def _registry_digest(plan: Plan) -> str | None:
         return None
 
 
-def _ensure_pushed(plan: Plan, c: Any, echo: Echo) -> str:
+def _ensure_pushed(plan: Plan, c: Any, echo: Echo, *, replace: bool = False) -> str:
+    """Push unless the registry has the tag already (replace: it names the image built on an older local base)."""
     remote = reg.manifest_digest(reg.parse_ref(plan.ref))
-    if remote:
+    if remote and not replace:
         echo(f"push skipped: the registry already has {plan.ref} ({remote})")
         return remote
     digest = engine.push(c, plan.ref)

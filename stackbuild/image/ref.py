@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from stackbuild.errors import InputError
+from stackbuild.spec.lock.base import digest_of, named
 
 _PINNED = re.compile(r"^(?P<repo>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 
@@ -33,3 +34,28 @@ def split_pinned(ref: str) -> tuple[str, str]:
     if not m:
         raise InputError(f"--image {ref!r}: give a pinned reference REPO@sha256:<64 hex digits>")
     return m["repo"], m["digest"]
+
+
+DOCKER_HUB = "docker.io"
+
+
+def distribution(image: str) -> tuple[str, str, str, str | None]:
+    """`NAME[:TAG][@DIGEST]` -> (registry host, repository, tag, digest) as docker resolves a name (pure).
+
+    The first path part is a registry only when it has a `.` or a `:` or is `localhost`; otherwise the
+    name is on Docker Hub, where a one-part name lives under `library/`. No tag means `latest`.
+    """
+    digest = digest_of(image)
+    name = named(image)
+    first, sep, rest = name.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        host, path = first, rest
+    else:
+        host, path = DOCKER_HUB, name
+        if "/" not in path:
+            path = f"library/{path}"
+    tag = "latest"
+    last = path.rsplit("/", 1)[-1]
+    if ":" in last:
+        path, tag = path.rsplit(":", 1)
+    return host, path, tag, digest

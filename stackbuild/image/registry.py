@@ -9,13 +9,17 @@ HTTP (as docker allows); others HTTPS. Basic auth comes from the environment
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
+import urllib.parse
 from dataclasses import dataclass
 from time import sleep
 
 from stackbuild.effects import http
 from stackbuild.errors import InfraError, InputError
+from stackbuild.image.ref import distribution
+from stackbuild.spec.lock.base import Unanswered
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -29,6 +33,17 @@ _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 READ_TRIES = 3
 READ_BACKOFF_S = 0.5
+# Where a registry's v2 API answers, when that is not the name images carry (docker's own mapping).
+API_HOSTS = {"docker.io": "registry-1.docker.io"}
+_CHALLENGE_RE = re.compile(r'(\w+)="([^"]*)"')
+
+
+class Unreachable(InfraError):
+    """The registry did not answer at all (no route, no name, refused, timed out)."""
+
+
+class NoDigest(InfraError):
+    """The registry answered, but would not name the tag's digest (credentials wanted, a bad answer)."""
 
 
 @dataclass(frozen=True)
@@ -90,11 +105,13 @@ def base_url(host: str) -> str:
 
 
 def _request(
-    method: str, url: str, *, headers: dict[str, str] | None = None, data: bytes | None = None, timeout: float = 30
+    method: str, url: str, *, headers: dict[str, str] | None = None, data: bytes | None = None, timeout: float = 30,
+    anonymous: bool = False,
 ) -> tuple[int, dict[str, str], bytes]:
+    """anonymous: never send the environment's credentials (they are for the user's registry, not a base's)."""
     hdrs = dict(headers or {})
     user, pw = os.environ.get("STACKBUILD_REGISTRY_USER"), os.environ.get("STACKBUILD_REGISTRY_PASSWORD")
-    if user and pw:
+    if user and pw and not anonymous and "Authorization" not in hdrs:
         hdrs["Authorization"] = "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
     # A read may race a push of the same tag: the registry's filesystem storage then answers
     # 500 ("invalid checksum digest format") for the instant the tag's link is half written.
@@ -103,7 +120,7 @@ def _request(
         try:
             reply = http.request(method, url, body=data, headers=hdrs, timeout=timeout)
         except http.NoAnswer as err:
-            raise InfraError(f"registry {url.split('/v2/')[0]} unreachable ({err.reason}); is it running?") from None
+            raise Unreachable(f"registry {url.split('/v2/')[0]} unreachable ({err.reason}); is it running?") from None
         if reply.status < 500 or attempt + 1 == tries:
             break
         sleep(READ_BACKOFF_S * 2**attempt)
@@ -127,6 +144,69 @@ def manifest_digest(ref: Ref) -> str | None:
     if status != 200:
         raise InfraError(f"registry: HEAD {url} answered {status}")
     return headers.get("docker-content-digest")
+
+
+def tag_digest(host: str, repo: str, tag: str, *, timeout: float = 10) -> str | None:
+    """The manifest digest `host/repo:tag` names now (an index's for a multi-platform image), or None when the
+    registry has no such tag. A registry that answers 401 with a Bearer challenge (Docker Hub, nvcr.io) gets an
+    anonymous pull token from the realm it names first (the distribution token protocol); Unreachable when
+    nothing answers. Always anonymous: the environment's credentials are for the user's own registry."""
+    api = API_HOSTS.get(host, host)
+    url = f"{base_url(api)}/v2/{repo}/manifests/{tag}"
+    accept = {"Accept": ", ".join(MANIFEST_TYPES)}
+    status, headers, _ = _request("HEAD", url, headers=accept, timeout=timeout, anonymous=True)
+    if status == 401 and (token := _anonymous_token(headers.get("www-authenticate", ""), repo, timeout)):
+        status, headers, _ = _request("HEAD", url, headers={**accept, "Authorization": f"Bearer {token}"},
+                                      timeout=timeout, anonymous=True)
+    if status == 404:
+        return None
+    if status in (401, 403):
+        raise NoDigest(f"registry {host} does not name {repo}:{tag} to an anonymous client")
+    digest = headers.get("docker-content-digest", "")
+    if status != 200 or not _DIGEST_RE.match(digest):
+        raise NoDigest(f"registry: HEAD {url} answered {status} without a sha256 Docker-Content-Digest")
+    return digest
+
+
+def base_digest(image: str) -> str | None:
+    """What `lock` asks about a base image (NAME:TAG, as docker resolves the name): the digest its tag names
+    now, None when the registry has no such tag; base.Unanswered, with the phrase the lock records, when the
+    registry cannot be asked."""
+    host, repo, tag, _ = distribution(image)
+    try:
+        return tag_digest(host, repo, tag)
+    except Unreachable:
+        raise Unanswered(f"its registry {host} did not answer") from None
+    except NoDigest:
+        raise Unanswered(f"its registry {host} would not name it to an anonymous client") from None
+
+
+def challenge(header: str) -> dict[str, str] | None:
+    """`Bearer realm="...",service="...",scope="..."` -> its parameters; None for any other scheme (pure)."""
+    scheme, _, params = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return {k.lower(): v for k, v in _CHALLENGE_RE.findall(params)}
+
+
+def _anonymous_token(header: str, repo: str, timeout: float) -> str | None:
+    params = challenge(header)
+    realm = (params or {}).get("realm", "")
+    if not params or not realm.startswith(("https://", "http://")):
+        return None
+    query = {"scope": params.get("scope") or f"repository:{repo}:pull"}
+    if params.get("service"):
+        query["service"] = params["service"]
+    url = f"{realm}{'&' if '?' in realm else '?'}{urllib.parse.urlencode(query)}"
+    status, _, body = _request("GET", url, timeout=timeout, anonymous=True)
+    if status != 200:
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    token = doc.get("token") or doc.get("access_token") if isinstance(doc, dict) else None
+    return token if isinstance(token, str) and token else None
 
 
 def promote(image: str, channel: str, registry: str | None = None) -> str:

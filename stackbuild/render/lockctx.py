@@ -8,6 +8,8 @@ from typing import Any
 
 from stackbuild.paths import templates_dir
 from stackbuild.spec.components import BY_NAME, aot_arches
+from stackbuild.spec.lock.base import digest_of, pinned_reference
+from stackbuild.spec.lock.base import parse as parse_base
 from stackbuild.spec.lock.locked import lock_text, source_commits, torch_cuda
 from stackbuild.spec.lock.source import is_commit
 from stackbuild.spec.lock.target import build_lock_path, lock_command
@@ -47,7 +49,14 @@ def context(stack: Stack) -> dict[str, Any]:
         # full commit ids: fetched by id, since `git clone --branch` takes only branches and tags
         "source_by_commit": {n for n, c, _ in builds if c.source is not None and is_commit(c.source.ref)},
         "torch_cuda": torch_cuda(stack, text),
+        **base_context(stack, text),
     }
+
+
+def base_context(stack: Stack, text: str | None) -> dict[str, Any]:
+    """FROM's reference (the spec's base, with the digest the lock pinned for it) and that digest, for the label."""
+    from_ref = pinned_reference(stack.base_image, parse_base(text or ""))
+    return {"base_from": from_ref, "base_digest": digest_of(from_ref)}
 
 
 def verify_script() -> str:

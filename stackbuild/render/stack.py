@@ -265,6 +265,7 @@ def render_stack(stack: Stack, inputs: Mapping[str, str] | None = None) -> Rende
         "components": dict(stack.components.items()),
         "patches": [f"patches/{p.name}" for p in stack.patches],
         "build_secrets": list(stack.build.secrets),
+        **lockctx.base_context(stack, None),  # a resolved stack's lock may pin its base (below)
     }
     resolved = stack.server.engine == "sglang"
     if resolved:
@@ -291,6 +292,7 @@ def render_stack(stack: Stack, inputs: Mapping[str, str] | None = None) -> Rende
         content_hash=content_hash,
         lock_compact=json.dumps(lock, sort_keys=True, separators=(",", ":")),
         version=(stack.sglang_version or "sim"),
+        base_digest=ctx["base_digest"],
     )
     files = {
         "Dockerfile": body + labels,

@@ -25,7 +25,10 @@ from stackbuild.spec.facts import (
     TORCH_CUDA_WHEELS,
 )
 from stackbuild.spec.facts import driver_floor as driver_floor  # re-exported: preflight checks the same floor
-from stackbuild.spec.lock.target import DISTROS, distro_of
+from stackbuild.spec.lock.base import agrees
+from stackbuild.spec.lock.base import parse as base_pin
+from stackbuild.spec.lock.check import read_lock
+from stackbuild.spec.lock.target import DISTROS, distro_of, lock_command, target_of
 from stackbuild.spec.patches import changes
 from stackbuild.spec.sglang import env_bool, known_table
 from stackbuild.spec.stack import Stack
@@ -315,9 +318,17 @@ def nvfp4_moe_cuda12(s: Stack) -> Iterator[Hit]:
 
 
 def base_by_tag(s: Stack) -> Iterator[Hit]:
-    """A GPU stack's base image named by tag only (the simulator's is a local import with no registry digest)."""
-    if s.server.engine == "sglang" and "@sha256:" not in s.base_image:
-        yield ("base_image",), {"image": s.base_image}
+    """A GPU stack's base image pinned neither by the spec nor by its committed lock (the registry did not
+    answer `lock`, or the lock is older): FROM names a tag. The simulator's base is a local import, in no
+    registry: `build` pins it by its local image id instead."""
+    if s.server.engine != "sglang" or "@" in s.base_image:
+        return
+    lock = read_lock(s) if target_of(s) is not None else None
+    pin = base_pin(lock.text) if lock else None
+    if pin is not None and pin.digest and agrees(pin, s.base_image):
+        return
+    why = pin.why if pin is not None and pin.why else "a tag, not a digest"
+    yield ("base_image",), {"image": s.base_image, "why": why, "lock": lock_command(s)}
 
 
 def nccl_tree_graphs(s: Stack) -> Iterator[Hit]:

@@ -221,9 +221,10 @@ RULES: tuple[Rule, ...] = (
         "base-image-digest",
         "warning",
         cond.base_by_tag,
-        "base_image '{image}' is unpinned (a tag, not a digest): the registry can move it, and nothing records "
-        "which image a build used; pin it: `docker buildx imagetools inspect {image}` (or `docker pull` then "
-        "`docker image inspect --format '{{{{index .RepoDigests 0}}}}'`) and write {image}@sha256:DIGEST",
+        "base_image '{image}' is unpinned ({why}): its registry can move the tag, and nothing records which "
+        "image a build used; pin it: run `{lock}` where its registry answers (the lock records the digest, FROM "
+        "carries it, build checks it), or write `base_image: {image}@sha256:DIGEST` with the digest "
+        "`docker buildx imagetools inspect {image}` prints",
         "docker: a tag is mutable, a digest names one image (FROM NAME:TAG@sha256:D builds exactly D)",
     ),
     Rule(

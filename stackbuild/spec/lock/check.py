@@ -13,6 +13,7 @@ from stackbuild.spec.components import COMPONENTS, dist_of
 from stackbuild.spec.facts import NCCL_ISSUES, driver_floor
 from stackbuild.spec.load import positions
 from stackbuild.spec.lock import audit as auditmod
+from stackbuild.spec.lock import base
 from stackbuild.spec.lock.resolve import Lock, canon, parse
 from stackbuild.spec.lock.target import Target, audit_path, build_lock_path, lock_command, lock_path, target_of
 from stackbuild.spec.stack import Stack
@@ -117,6 +118,11 @@ def freshness(stack: Stack, t: Target | None, lock: Lock | None) -> list[Finding
         return [Finding(pos.file, pos.line, pos.col, "error", msg, "lock-stale")]
     if why := lock.edited():
         return [Finding(pos.file, pos.line, pos.col, "error", f"{rel} {why}; run `{cmd}`", "lock-stale")]
+    if not base.agrees(pin := base.parse(lock.text), stack.base_image):
+        at = loc.pos(("base_image",))
+        msg = (f"{rel} was made for base image {pin.reference if pin else '?'}, the spec names {stack.base_image}; "
+               f"run `{cmd}`")
+        return [Finding(at.file, at.line, at.col, "error", msg, "lock-stale")]
     return pins_against_audit(stack, lock, committed_audits(stack))
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from stackbuild.effects import proc
 from stackbuild.errors import InfraError, InputError
+from stackbuild.spec.lock.base import BasePin
+from stackbuild.spec.lock.base import line as base_line
 from stackbuild.spec.lock.target import Target
 
 HEADER = "# stackbuild lock"
@@ -24,6 +26,7 @@ _INPUTS_RE = re.compile(r"^# inputs-sha256: ([0-9a-f]{64})$", re.MULTILINE)
 _CONTENT_RE = re.compile(r"^# content-sha256: ([0-9a-f]{64})\n", re.MULTILINE)
 _REQ_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+?)(?:\s*;.*)?\s*\\?$")
 _HASH_RE = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+_BASE_LINE_RE = re.compile(r"^# base image: .*$", re.MULTILINE)
 
 
 def canon(name: str) -> str:
@@ -113,14 +116,13 @@ def uv_argv(t: Target, requirements: Path, constraints: Path | None, out: Path, 
 
 
 def header(t: Target, stack_name: str, native: list[str], commits: dict[str, str] | None = None,
-           base: str | None = None) -> str:
+           base: BasePin | None = None) -> str:
     """The lock's header; `commits` (dist -> commit) are the source builds' refs resolved at lock time; `base`
-    the base image the closure is installed on, said to be unpinned when it is named by tag."""
+    the base image the closure is installed on: its digest, or why it is unpinned."""
     built = ", ".join(t.source_built) or "none"
     sources = "".join(f"# source: {d} {repo} {ref} {(commits or {}).get(d, '?')}\n" for d, repo, ref in t.sources)
     if base is not None:
-        unpinned = f" (unpinned: a tag, not a digest; `stackbuild validate {stack_name}` says how to pin it)"
-        sources = f"# base image: {base}{'' if '@sha256:' in base else unpinned}\n" + sources
+        sources = base_line(base, stack_name) + sources
     return (
         f"{HEADER} for {stack_name}; do not edit, regenerate with `stackbuild lock {stack_name}`\n"
         f"# inputs-sha256: {t.inputs_hash()}\n"
@@ -138,8 +140,11 @@ def body_of(text: str) -> str:
 
 
 def content_hash(text: str) -> str:
-    """sha256 of a lock's resolved part (what uv wrote: every pin, hash and annotation)."""
-    return hashlib.sha256(body_of(text).encode("utf-8")).hexdigest()
+    """sha256 of a lock's resolved part (what uv wrote: every pin, hash and annotation) and of its base image
+    line, when it has one (the digest FROM carries): a hand edit of either is caught."""
+    m = _BASE_LINE_RE.search(text)
+    pinned = m.group(0) + "\n" if m else ""
+    return hashlib.sha256((pinned + body_of(text)).encode("utf-8")).hexdigest()
 
 
 def seal(text: str) -> str:

@@ -17,7 +17,7 @@ from stackbuild.errors import Finding, InputError, SpecError
 from stackbuild.spec import sglang
 from stackbuild.spec.load import positions
 from stackbuild.spec.lock import audit as auditmod
-from stackbuild.spec.lock import check, resolve, source, wheels
+from stackbuild.spec.lock import base, check, resolve, source, wheels
 from stackbuild.spec.lock.resolve import Lock
 from stackbuild.spec.lock.target import Target, audit_path, build_lock_path, lock_command, lock_path, target_of
 from stackbuild.spec.sglang_table import Table
@@ -82,6 +82,21 @@ def _commits(stack: Stack, t: Target, offline: bool) -> dict[str, str]:
     return out
 
 
+def _base(stack: Stack, offline: bool, progress: Callable[[str], None],
+          resolver: base.Resolver | None) -> base.BasePin:
+    """The base image's digest as its registry names the tag now; offline, or where the registry does not
+    answer, the committed lock's pin of the same name, else unpinned (the line says why)."""
+    prev = check.read_lock(stack)
+    try:
+        pin, note = base.resolve(stack.base_image, base.parse(prev.text) if prev else None, offline=offline,
+                                  tag_digest=resolver)
+    except InputError as err:
+        pos = positions(stack).pos(("base_image",))
+        raise SpecError([Finding(pos.file, pos.line, pos.col, "error", str(err), "base-image-digest")]) from err
+    progress(note)
+    return pin
+
+
 def _tools(stack: Stack, t: Target, offline: bool) -> str | None:
     """The source stages' build tools and their dependencies, hash-pinned, resolved apart from the closure."""
     if not t.build_tools:
@@ -101,7 +116,10 @@ def _table(stack: Stack, offline: bool) -> Table | None:
     return sglang.known_table(v, stack.root) if offline else sglang.table_of_wheel(v)
 
 
-def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str], None] = lambda _: None) -> Result:
+def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str], None] = lambda _: None,
+               base_digest: base.Resolver | None = None) -> Result:
+    """`base_digest` asks the base image's registry (the CLI hands in stackbuild.image.registry.base_digest);
+    without it the base is pinned only by the spec or the committed lock."""
     t = target_of(stack)
     if t is None:
         raise SpecError(check.freshness(stack, None, None) or [])
@@ -114,6 +132,7 @@ def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str],
     commits = _commits(stack, t, offline)
     for (dist, repo, ref) in t.sources:
         progress(f"{dist}: {repo} {ref} is {commits[dist]}")
+    pin = _base(stack, offline, progress, base_digest)
     tools = _tools(stack, t, offline)
     if offline:
         natives, audits = _audits_offline(stack, lock)
@@ -129,7 +148,7 @@ def lock_stack(stack: Stack, *, offline: bool = False, progress: Callable[[str],
             audits[n] = known if known is not None and known.sha256 == w.sha256 else auditmod.audit_cached(
                 w.sha256, w.name, lambda w=w: wheels.fetch(w)  # type: ignore[misc]
             )
-    text = resolve.seal(resolve.header(t, stack.name, natives, commits, base=stack.base_image) + body)
+    text = resolve.seal(resolve.header(t, stack.name, natives, commits, base=pin) + body)
     lock = resolve.parse(text)
     findings = check.cuda_packages(stack, lock) + check.audit_findings(stack, lock, audits)
     findings += check.unaudited(stack, lock, audits)

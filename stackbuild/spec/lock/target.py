@@ -113,13 +113,15 @@ def own_lock(stack: Stack) -> bool:
     if stack.variant is None:
         return False
     st = stack.source.stat()
-    return _base_target(stack.source, stack.root, st.st_mtime_ns, st.st_size) != target_of(stack)
+    # the base image too: the lock pins it, so a variant on another base has its own lock
+    return _base_target(stack.source, stack.root, st.st_mtime_ns, st.st_size) != (target_of(stack), stack.base_image)
 
 
 @functools.lru_cache(maxsize=64)
-def _base_target(source: Path, root: Path, _mtime_ns: int, _size: int) -> Target | None:
-    """The stack's own target, loaded once per file version (validate asks for every variant)."""
-    return target_of(load_stack(source, root=root))
+def _base_target(source: Path, root: Path, _mtime_ns: int, _size: int) -> tuple[Target | None, str]:
+    """The stack's own target and base image, loaded once per file version (validate asks for every variant)."""
+    own = load_stack(source, root=root)
+    return target_of(own), own.base_image
 
 
 def lock_stem(stack: Stack) -> str:
