@@ -36,13 +36,17 @@ level passes when its low end clears the bar and fails when its high end is belo
 
 from __future__ import annotations
 
+import hashlib
 import math
-import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
+
+import numpy as np
+
+from stackbuild.gate.stats import ar1_rows, trimmed_rows
 
 Decision = Literal["pass", "fail", "undecided"]
 _NORMAL = statistics.NormalDist()
@@ -289,42 +293,44 @@ def robust(xs: Sequence[float]) -> tuple[float, float, int]:
     return est, var, n - 2 * g - 1
 
 
-def _ar1(rng: random.Random, n: int, rho: float) -> list[float]:
-    """n standard normal draws, each correlated rho with the one before (stationary AR(1))."""
-    out, e, keep = [], rng.gauss(0.0, 1.0), math.sqrt(1.0 - rho * rho)
-    for _ in range(n):
-        out.append(e)
-        e = rho * e + keep * rng.gauss(0.0, 1.0)
-    return out
+def _null_draws(paired: bool, last: int, stored_runs: int, rho: float, seed: str) -> tuple[np.ndarray, np.ndarray]:
+    """The seeded null simulation's runs: (CALIBRATION_PATHS x last candidate runs, or paired
+    differences; CALIBRATION_PATHS x max(1, stored_runs) stored runs, zeros when paired)."""
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big"))
+    m = max(1, stored_runs)
+    xs = ar1_rows(rng, CALIBRATION_PATHS, last, rho)
+    return xs, (np.zeros((CALIBRATION_PATHS, m)) if paired else ar1_rows(rng, CALIBRATION_PATHS, m, rho))
 
 
 @lru_cache(maxsize=16)
-def _null_paths(paired: bool, first: int, last: int, stored_runs: int,
-                rho: float = 0.0) -> tuple[tuple[float, ...], ...]:
-    """The statistic at each look (n = first..last) of seeded simulated runs under the null
-    (the true ratio on the bar), computed by the gate's own `statistic`, for paired or stored
-    runs at equal spreads, the runs of each side autocorrelated rho (the paired differences
-    then are too)."""
-    rng = random.Random(f"{first}:{last}:{stored_runs}:{paired}:{rho}")
-    m = max(1, stored_runs)
-    design = Design(paired=paired, first=first, last=last)
-    paths = []
-    for _ in range(CALIBRATION_PATHS):
-        xs = _ar1(rng, last, rho)
-        base = [0.0] * last if paired else _ar1(rng, m, rho)  # paired: xs are the differences
-        ts = []
-        for n in range(first, last + 1):
-            est, se, _ = statistic(xs[:n], base, design)
-            ts.append(est / se if se > 0 and math.isfinite(se) else 0.0)
-        paths.append(tuple(ts))
-    return tuple(paths)
+def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: float = 0.0) -> np.ndarray:
+    """The statistic at each look (columns n = first..last) of seeded simulated runs under the
+    null (the true ratio on the bar), for paired or stored runs at equal spreads, the runs of
+    each side autocorrelated rho (the paired differences then are too).
+
+    The draws are `_null_draws`'s (seeded by the design); the statistic is `statistic`'s
+    (paired: `robust` of the differences; stored: Yuen's difference of the two sides' `robust`,
+    one stored run taken at the candidate's spread), for all paths at once
+    (tests/test_gate_stats.py holds the two equal)."""
+    xs, base = _null_draws(paired, last, stored_runs, rho, f"{first}:{last}:{stored_runs}:{paired}:{rho}")
+    m = base.shape[1]
+    mi, vi = trimmed_rows(base, trim_count(m)) if m >= 2 and not paired else (base[:, 0], None)
+    cols = []
+    for n in range(first, last + 1):
+        mc, vc = trimmed_rows(xs[:, :n], trim_count(n)) if n >= 2 else (xs[:, 0], np.full(len(xs), np.nan))
+        se = np.sqrt(vc if paired else vc + (vc if vi is None else vi))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cols.append(np.where((se > 0) & np.isfinite(se), (mc - mi) / se, 0.0))
+    out = np.column_stack(cols)
+    out.flags.writeable = False  # shared by the cache
+    return out
 
 
 def _lambda(design: Design, stored_runs: int, alpha: float, side: int,
             nominal: tuple[float, ...], rho: float) -> float:
     paths = _null_paths(design.paired, design.first, design.last, stored_runs, rho)
-    worst = sorted(max(side * t / c for t, c in zip(ts, nominal, strict=True)) for ts in paths)
-    return worst[min(len(worst) - 1, math.ceil((1.0 - alpha) * len(worst)))]
+    worst = np.sort((side * paths / np.array(nominal)).max(axis=1))
+    return float(worst[min(len(worst) - 1, math.ceil((1.0 - alpha) * len(worst)))])
 
 
 @lru_cache(maxsize=64)
