@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import zipfile
+from functools import lru_cache
 from pathlib import Path
 
 from stackbuild.errors import Finding
@@ -23,14 +24,21 @@ SLACK = 3  # source lines either side of the cited range
 _SOURCE = re.compile(r"(?P<dist>\S+) (?P<version>\S+) (?P<path>\S+):(?P<first>\d+)(?:-(?P<last>\d+))?")
 
 
-def _cited_lines(wheel: Path, path: str, first: int, last: int) -> list[str] | None:
+@lru_cache(maxsize=64)
+def _source(wheel: Path, mtime_ns: int, size: int, path: str) -> tuple[str, ...] | None:
+    """The lines of sglang/PATH in the wheel, None where it has no such file; cached by the wheel's
+    identity (path, mtime, size): opening its zip costs ~70 ms, and a stack cites a few files."""
     try:
         with zipfile.ZipFile(wheel) as z:
-            text = z.read(f"sglang/{path}").decode("utf-8", "replace")
+            return tuple(z.read(f"sglang/{path}").decode("utf-8", "replace").splitlines())
     except KeyError:
         return None
-    lines = text.splitlines()
-    return lines[max(0, first - 1 - SLACK): last + SLACK]
+
+
+def _cited_lines(wheel: Path, path: str, first: int, last: int) -> list[str] | None:
+    st = wheel.stat()
+    lines = _source(wheel, st.st_mtime_ns, st.st_size, path)
+    return None if lines is None else list(lines[max(0, first - 1 - SLACK): last + SLACK])
 
 
 def line_problem(line: LogLine, wheel: Path) -> str | None:
