@@ -16,8 +16,8 @@ from stackbuild.gate.loadgen import RequestRecord, prompt_ids, request_body, sum
 from stackbuild.gate.probe import check_outputs, problems
 from stackbuild.gate.result import GateResult, Percentiles, RunMetrics, Workload
 from stackbuild.gate.runner import _check_baseline
-from stackbuild.gate.sequential import Design, look, obf_spent, t_isf, t_sf, z_boundaries
-from stackbuild.gate.stats import bootstrap_ratio_ci, percentile, percentiles
+from stackbuild.gate.sequential import Design, look, obf_spent, z_boundaries
+from stackbuild.gate.stats import bootstrap_ratio_ci, percentile, percentiles, t_isf, t_sf
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 
 

@@ -18,8 +18,8 @@ from stackbuild.gate.result import (
     Verdict,
     Workload,
 )
-from stackbuild.gate.sequential import estimate, t_isf
-from stackbuild.gate.stats import allowed
+from stackbuild.gate.sequential import estimate
+from stackbuild.gate.stats import allowed, t_isf
 from stackbuild.spec.profile import GateProfile
 
 

@@ -222,20 +222,10 @@ def _cut_capacity(profile: GateProfile, cause: str) -> CapacityComparison:
                               reasons=(f"capacity: {cause} before the search finished",))
 
 
-async def run_gate_async(
-    url: str,
-    profile: GateProfile,
-    *,
-    name: str,
-    baseline: GateResult | None = None,
-    baseline_url: str | None = None,
-    host_facts_extra: dict[str, str] | None = None,
-    progress: Progress | None = None,
-) -> GateResult:
-    emit = progress or _noop
-    clock = _Clock(profile.gate_deadline_s())
-    url = url.rstrip("/")
-    wl = profile.workload()
+def _admit(url: str, profile: GateProfile, wl: Workload, clock: _Clock,
+           baseline: GateResult | None, baseline_url: str | None) -> tuple[str | None, bool]:
+    """Refuse what cannot be gated, before anything is measured; (the live incumbent's url,
+    whether the stored baseline is fresh). Both servers must answer."""
     if baseline is not None and baseline_url is not None:
         raise InputError("give either --baseline FILE or --baseline-url URL, not both")
     if profile.decide_on == "traffic" and not profile.traffic:
@@ -249,9 +239,13 @@ async def run_gate_async(
     inc_url = baseline_url.rstrip("/") if baseline_url else None
     if inc_url:
         _reachable(inc_url, "incumbent", min(profile.ready_timeout_s, clock.left()))
-    started = _now()
-    facts = {**host_facts(url), **(host_facts_extra or {})}
-    emit("start", {"name": name, "url": url, "baseline_url": inc_url, "workload": wl})
+    return inc_url, fresh
+
+
+async def _levels(url: str, inc_url: str | None, baseline: GateResult | None, wl: Workload,
+                  profile: GateProfile, emit: Progress, clock: _Clock,
+                  fresh: bool) -> list[LevelResult]:
+    """Warm both servers up, then every level in turn, each within the gate's deadline."""
     for target in [u for u in (inc_url, url) if u]:
         await clock.within(loadgen.warmup(target, wl, max(wl.concurrency)))
     levels: list[LevelResult] = []
@@ -267,6 +261,13 @@ async def run_gate_async(
             lv = lv.model_copy(update={"reasons": (*lv.reasons, note)})
         emit("decision", {"concurrency": c, "level": lv})
         levels.append(lv)
+    return levels
+
+
+async def _checks(url: str, inc_url: str | None, baseline: GateResult | None, wl: Workload,
+                  profile: GateProfile, emit: Progress, clock: _Clock,
+                  ) -> tuple[ProbeResult, AgreementResult | None, CapacityComparison | None]:
+    """The probe, the output agreement and the capacity check, each cut by the deadline."""
     probe = await clock.within(_probe(url, inc_url, baseline, profile))
     if probe is None:
         probe = ProbeResult(passed=False, reasons=(f"probe: {clock.cause()} before it finished",))
@@ -281,6 +282,14 @@ async def run_gate_async(
     if profile.slo:
         cap = await clock.within(checks.capacity_check(url, inc_url, baseline, profile, wl)) \
             or _cut_capacity(profile, clock.cause())
+    return probe, agreed, cap
+
+
+def _result(name: str, url: str, inc_url: str | None, baseline: GateResult | None,
+            profile: GateProfile, wl: Workload, started: str, facts: dict[str, str], fresh: bool,
+            levels: list[LevelResult], probe: ProbeResult, agreed: AgreementResult | None,
+            cap: CapacityComparison | None) -> GateResult:
+    """The overall verdict and its reasons, as the gate's result."""
     on_traffic = checks.traffic_verdict(levels, profile)
     bars = bar_violations(levels, profile)
     compared = bool(inc_url or baseline is not None)
@@ -307,6 +316,32 @@ async def run_gate_async(
         bars=tuple(bars), verdict=verdict,
         reasons=tuple(reasons),
     )
+
+
+async def run_gate_async(
+    url: str,
+    profile: GateProfile,
+    *,
+    name: str,
+    baseline: GateResult | None = None,
+    baseline_url: str | None = None,
+    host_facts_extra: dict[str, str] | None = None,
+    progress: Progress | None = None,
+) -> GateResult:
+    """The gate: admit (_admit), measure every level (_levels), the checks (_checks), decide
+    (_result)."""
+    emit = progress or _noop
+    clock = _Clock(profile.gate_deadline_s())
+    url = url.rstrip("/")
+    wl = profile.workload()
+    inc_url, fresh = _admit(url, profile, wl, clock, baseline, baseline_url)
+    started = _now()
+    facts = {**host_facts(url), **(host_facts_extra or {})}
+    emit("start", {"name": name, "url": url, "baseline_url": inc_url, "workload": wl})
+    levels = await _levels(url, inc_url, baseline, wl, profile, emit, clock, fresh)
+    probe, agreed, cap = await _checks(url, inc_url, baseline, wl, profile, emit, clock)
+    return _result(name, url, inc_url, baseline, profile, wl, started, facts, fresh, levels,
+                   probe, agreed, cap)
 
 
 def run_gate(

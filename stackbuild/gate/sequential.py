@@ -46,75 +46,12 @@ from typing import Literal
 
 import numpy as np
 
-from stackbuild.gate.stats import ar1_rows, trimmed_rows
+from stackbuild.gate.stats import ar1_rows, t_isf, trimmed_rows
 
 Decision = Literal["pass", "fail", "undecided"]
 _NORMAL = statistics.NormalDist()
 # grid points per stage of the numerical integration (odd, for Simpson's rule)
 _GRID = 241
-
-
-# --- Student t ------------------------------------------------------------------------------
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        for num in (m * (b - m) * x / ((a + m2 - 1) * (a + m2)),
-                    -(a + m) * (a + b + m) * x / ((a + m2) * (a + m2 + 1))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    ln = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-          + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(ln) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(ln) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_sf(t: float, df: float) -> float:
-    """P(T > t) for Student's t with `df` degrees of freedom (df = inf: the normal)."""
-    if math.isinf(df):
-        return 1.0 - _NORMAL.cdf(t)
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return tail if t >= 0 else 1.0 - tail
-
-
-def t_isf(p: float, df: float) -> float:
-    """The t with P(T > t) = p, for 0 < p < 0.5."""
-    if not 0.0 < p < 0.5:
-        raise ValueError(f"t_isf needs 0 < p < 0.5, got {p}")
-    if math.isinf(df):
-        return _NORMAL.inv_cdf(1.0 - p)
-    lo, hi = 0.0, 1.0
-    while t_sf(hi, df) > p:
-        lo, hi = hi, hi * 4.0
-    for _ in range(200):  # bisection in log space: the far tail at df 1-2 reaches 1e6
-        mid = math.sqrt(lo * hi) if lo > 0 else hi / 2.0
-        if t_sf(mid, df) > p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-10 * hi:
-            break
-    return (lo + hi) / 2.0
 
 
 # --- the spending function and its boundaries ------------------------------------------------

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from stackbuild.effects.prometheus import in_flight, parse_metrics
-from stackbuild.gate.sequential import t_isf
+from stackbuild.gate.stats import t_isf
 
 __all__ = ["in_flight", "parse_metrics"]  # they live in effects/prometheus.py (the drain counts the same way)
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)?$")
