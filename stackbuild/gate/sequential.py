@@ -147,6 +147,9 @@ class Design:
     # lag-1 autocorrelation of a side's successive runs the boundary allows for (AR(1));
     # 0: runs independent
     correlation: float = 0.0
+    # paired runs of a swap, the incumbent's measured in mirror order right before the
+    # candidate's (decide.reference_order): the statistic is `detrended`
+    detrend: bool = False
 
     def looks(self) -> range:
         return range(self.first, self.last + 1)
@@ -154,6 +157,8 @@ class Design:
     def fractions(self, stored_runs: int) -> tuple[float, ...]:
         """Information fraction at each look, n = first..last."""
         def info(n: int) -> float:
+            if self.detrend:  # 1 / var of the intercept at separation 0, in units of sigma^2
+                return n * (n * n - 1.0) / (4.0 * n * n - 1.0)
             return float(n) if self.paired else 1.0 / (1.0 / n + 1.0 / max(1, stored_runs))
 
         full = info(self.last)
@@ -162,7 +167,10 @@ class Design:
     def df(self, n: int, stored_runs: int) -> int:
         """Degrees of freedom at n candidate runs of the trimmed statistic: n - 2g - 1 paired
         (g = trim_count(n)); stored: min(h_c, h_i) - 1, h = n - 2g each side (the conservative
-        choice for Welch's and Yuen's statistic, Scheffe 1970), h_c - 1 with one stored run."""
+        choice for Welch's and Yuen's statistic, Scheffe 1970), h_c - 1 with one stored run;
+        detrended: n - 2 (a slope estimated besides the mean, no trimming)."""
+        if self.detrend:
+            return n - 2
         h = n - 2 * trim_count(n)
         if self.paired or stored_runs < 2:
             return h - 1
@@ -228,6 +236,37 @@ def robust(xs: Sequence[float]) -> tuple[float, float, int]:
     return est, var, n - 2 * g - 1
 
 
+@lru_cache(maxsize=64)
+def mirror_separations(n: int) -> tuple[float, ...]:
+    """How far apart in runs the two sides' run i are, halved, when the incumbent's runs were
+    measured in mirror order right before the candidate's (decide.reference_order): the
+    incumbent's run i (i + 1/2) runs before the switch, the candidate's i + 1/2 after it (the
+    restart between not counted)."""
+    return tuple(i + 0.5 for i in range(n))
+
+
+def detrended(ds: Sequence[float], at: Sequence[float]) -> tuple[float, float, int]:
+    """(the mean difference at separation 0, its variance, degrees of freedom) of paired
+    differences `ds`, the two runs of pair i `at[i]` apart in time.
+
+    The analysis of covariance of the paired log ratio on time (Cochran 1957, Biometrics
+    13:261-281): d_i = mu + beta at_i + e_i, least squares. A linear trend shared by both
+    sides moves pair i by beta at_i; mu, the intercept, is the difference with the two runs
+    measured at once. Var(mu) = s^2 (1/n + mean(at)^2 / Sxx), s^2 the residual variance on
+    n - 2 degrees of freedom (the slope costs one). Below 3 pairs: no variance (nan).
+    """
+    n = len(ds)
+    if n < 3:
+        return (sum(ds) / n if n else 0.0), math.nan, max(0, n - 2)
+    mx, my = sum(at) / n, sum(ds) / n
+    cx = [x - mx for x in at]
+    sxx = sum(c * c for c in cx)
+    sxy = sum(c * y for c, y in zip(cx, ds, strict=True))  # = sum (x - mx)(y - my)
+    slope = sxy / sxx
+    rss = max(0.0, sum((y - my) * (y - my) for y in ds) - slope * sxy)
+    return my - slope * mx, rss / (n - 2) * (1.0 / n + mx * mx / sxx), n - 2
+
+
 def _ar1(rng: random.Random, n: int, rho: float) -> list[float]:
     """n standard normal draws, each correlated rho with the one before (stationary AR(1))."""
     out, e, keep = [], rng.gauss(0.0, 1.0), math.sqrt(1.0 - rho * rho)
@@ -239,14 +278,14 @@ def _ar1(rng: random.Random, n: int, rho: float) -> list[float]:
 
 @lru_cache(maxsize=16)
 def _null_paths(paired: bool, first: int, last: int, stored_runs: int,
-                rho: float = 0.0) -> tuple[tuple[float, ...], ...]:
+                rho: float = 0.0, detrend: bool = False) -> tuple[tuple[float, ...], ...]:
     """The statistic at each look (n = first..last) of seeded simulated runs under the null
     (the true ratio on the bar), computed by the gate's own `statistic`, for paired or stored
     runs at equal spreads, the runs of each side autocorrelated rho (the paired differences
-    then are too)."""
-    rng = random.Random(f"{first}:{last}:{stored_runs}:{paired}:{rho}")
+    then are too); `detrend`: of the detrended statistic."""
+    rng = random.Random(f"{first}:{last}:{stored_runs}:{paired}:{rho}" + (":trend" if detrend else ""))
     m = max(1, stored_runs)
-    design = Design(paired=paired, first=first, last=last)
+    design = Design(paired=paired, first=first, last=last, detrend=detrend)
     paths = []
     for _ in range(CALIBRATION_PATHS):
         xs = _ar1(rng, last, rho)
@@ -261,7 +300,7 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int,
 
 def _lambda(design: Design, stored_runs: int, alpha: float, side: int,
             nominal: tuple[float, ...], rho: float) -> float:
-    paths = _null_paths(design.paired, design.first, design.last, stored_runs, rho)
+    paths = _null_paths(design.paired, design.first, design.last, stored_runs, rho, design.detrend)
     worst = sorted(max(side * t / c for t, c in zip(ts, nominal, strict=True)) for ts in paths)
     return worst[min(len(worst) - 1, math.ceil((1.0 - alpha) * len(worst)))]
 
@@ -321,7 +360,8 @@ def statistic(cand: Sequence[float], inc: Sequence[float],
     2 runs."""
     if design.paired:
         n = min(len(cand), len(inc))
-        est, var, df = robust([a - b for a, b in zip(cand[:n], inc[:n], strict=True)])
+        diffs = [a - b for a, b in zip(cand[:n], inc[:n], strict=True)]
+        est, var, df = detrended(diffs, mirror_separations(n)) if design.detrend else robust(diffs)
         se = math.sqrt(var + design.drift ** 2) if n >= 2 else math.nan
         return est, se, float(df)
     nc, ni = len(cand), len(inc)
