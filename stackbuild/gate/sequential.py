@@ -29,6 +29,14 @@ min(n, m) - 1 degrees of freedom (Scheffe 1970, J. Amer. Statist. Assoc. 65:1501
 then the session-to-session drift (a standard deviation on the log scale) is added to the
 variance as a known component.
 
+On a swap the incumbent is measured right before it is stopped, in mirror order (its run i
+i + 1/2 runs before the switch, the candidate's i + 1/2 after: decide.reference_order), and
+the paired statistic is `detrended`: the analysis of covariance of d_i on the pair's
+separation (Cochran 1957, Biometrics 13:261-281), its intercept the difference with the two
+runs measured at once, on n - 2 degrees of freedom; a linear drift of the machine shared by
+both sides no longer reads as a difference. Its boundaries are sized on null paths of that
+statistic.
+
 The interval reported at a look, [ratio * exp(-c_pass * se), ratio * exp(c_fail * se)], is
 the repeated confidence interval of the two tests (Jennison & Turnbull 2000, ch. 9): the
 level passes when its low end clears the bar and fails when its high end is below it.
