@@ -7,7 +7,8 @@ For each cell (a noise model, a policy, a baseline) and each true ratio candidat
 -- at the bar, bar -5%, -2%, +2%, +5%, and equal (1.0) -- it reports P(pass), P(fail),
 P(inconclusive) and the mean and 95th percentile of the candidate's runs per level, over
 --trials trials a cell. Every profile is left as a user leaves it: run_correlation
-undeclared (the default), session_drift the default 1%.
+undeclared (the default), session_drift the default 1%, within_gate_drift the default "none"
+(the plain paired statistic), but for drift_lin, which declares "linear".
 
 Cells (stackbuild/gate/simulate.py says where each figure comes from):
   users    the users' C=1 spread, 5.4% a run, of which the prompts decide 5.2% (the same for
@@ -24,18 +25,21 @@ Cells (stackbuild/gate/simulate.py says where each figure comes from):
   ar04     the same with every level's runs AR(1), lag-1 0.4
   drift    the simulator's spread at C=32, the machine drifting 0.5% a run (a random walk),
            swap against the incumbent measured right before, in mirror order (the last
-           prompt set first: decide.reference_order), compared detrended
-           (sequential.detrended: the drift's linear part removed)
+           prompt set first: decide.reference_order), the profile as a user leaves it
+           (within_gate_drift "none": compared plain)
   t3       the sim cell with each run's noise Student t on 3 degrees of freedom
   outlier  the sim cell with one run of each trial, on either side, 30% low
   session3 the users' swap whose stored result is of a session 3% away (the profile assumes
            1%): the deploy measures the incumbent right before it stops it and compares with
            that, so the stored result only shows the drift
+  drift_lin the drift cell with the profile's within_gate_drift: linear: compared detrended
+           (sequential.detrended: the drift's linear part removed); last, so that the cells
+           above keep their seeds (seed + 1000 x the cell's place)
 
-A swap (users, users3, drift, session3) has `--gap` runs' time between the incumbent's last
-run and the candidate's first (the restart; default 3), the random walk going on through it:
-the detrended comparison removes a linear drift, not what the walk does during the gap, so
-a long gap raises the error rates (docs/gate.md).
+A swap (users, users3, drift, drift_lin, session3) has `--gap` runs' time between the
+incumbent's last run and the candidate's first (the restart; default 3), the random walk going
+on through it: the detrended comparison removes a linear drift, not what the walk does during
+the gap, so a long gap raises the error rates (docs/gate.md).
 
 Then the capacity check: the real judge_step's p99 interval (TTFT, per request) over
 requests of a lognormal latency at `capacity_min_requests`, how often it covers the true p99.
@@ -112,6 +116,10 @@ def models() -> list[Model]:
         Model("session3", "users, stored 3% away, fresh incumbent",
               replace(USERS_PROMPTED, walk=0.001, session=0.03),
               users.with_overrides(concurrency=(1,)), stored=True, stored_runs=swap, fresh=True),
+        Model("drift_lin", "drift, within_gate_drift: linear",
+              Noise("drift", {32: SIM_NOISE.at(32)}, ar=SIM_NOISE.ar, walk=0.005),
+              quick.with_overrides(concurrency=(32,), within_gate_drift="linear"), stored=True,
+              stored_runs=quick.baseline_runs(), fresh=True),
     ]
 
 

@@ -39,9 +39,11 @@ def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False,
     in this session, right before a swap); the false-pass alpha
     per level (the gate passes only when every required level passes: an intersection-union
     test, Berger 1982, Technometrics 24:295), the false-fail alpha split over the required
-    levels (any one failing fails the gate: Bonferroni). A fresh baseline `mirrored`
-    (measured in `reference_order`, right before a swap) is compared by the detrended
-    statistic (sequential.detrended): a linear drift of the machine over the swap is removed."""
+    levels (any one failing fails the gate: Bonferroni). Where the profile declares
+    `within_gate_drift: linear`, a fresh baseline `mirrored` (measured in `reference_order`,
+    right before a swap) is compared by the detrended statistic (sequential.detrended): a
+    linear drift of the machine over the swap is removed, at about twice the standard error.
+    By default ("none") it is compared plain, as any paired baseline."""
     wl = profile.workload()
     alpha = (1.0 - profile.confidence) / 2.0
     family = max(1, len(profile.required_levels()))
@@ -49,7 +51,15 @@ def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False,
                   alpha_fail=alpha / family,
                   drift=0.0 if paired or fresh else profile.session_drift,
                   correlation=profile.run_correlation,
-                  detrend=fresh and mirrored and not paired).start()
+                  detrend=detrends(profile, paired=paired, fresh=fresh,
+                                   mirrored=mirrored)).start()
+
+
+def detrends(profile: GateProfile, *, paired: bool, fresh: bool, mirrored: bool) -> bool:
+    """Whether a level is compared detrended: the profile declares a linear drift within the
+    gate (`within_gate_drift: linear`), and the baseline is fresh, measured in mirror order
+    and not live (a live incumbent alternates ABBA: a drift favours neither side)."""
+    return profile.within_gate_drift == "linear" and fresh and mirrored and not paired
 
 
 def reference_order(n: int) -> list[int]:

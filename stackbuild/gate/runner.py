@@ -182,6 +182,7 @@ async def _run_level(
 
     # run i of the candidate is paired with the stored run of index i, whatever order it was
     # measured in; one measured in reference_order right before a swap is compared detrended
+    # when the profile says within_gate_drift: linear (decide.detrends)
     kept = sorted(stored.runs, key=lambda r: r.index) if stored is not None else []
     stored_runs = [r.output_tok_s for r in kept] if stored is not None else None
     design = design_for(profile, paired=inc_url is not None, fresh=fresh, mirrored=mirrored(kept))
