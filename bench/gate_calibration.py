@@ -7,7 +7,8 @@ For each cell (a noise model, a policy, a baseline) and each true ratio candidat
 -- at the bar, bar -5%, -2%, +2%, +5%, and equal (1.0) -- it reports P(pass), P(fail),
 P(inconclusive) and the mean and 95th percentile of the candidate's runs per level, over
 --trials trials a cell. Every profile is left as a user leaves it: run_correlation
-undeclared (the default), session_drift the default 1%.
+undeclared (the default), session_drift the default 1%, within_gate_drift the default "none"
+(the plain paired statistic), but for drift_lin, which declares "linear".
 
 Cells (stackbuild/gate/simulate.py says where each figure comes from):
   users    the users' C=1 spread, 5.4% a run, of which the prompts decide 5.2% (the same for
@@ -23,12 +24,22 @@ Cells (stackbuild/gate/simulate.py says where each figure comes from):
            `quick`, --concurrency 8,32 --tolerance 0, live incumbent in ABBA order
   ar04     the same with every level's runs AR(1), lag-1 0.4
   drift    the simulator's spread at C=32, the machine drifting 0.5% a run (a random walk),
-           swap against the incumbent measured right before
+           swap against the incumbent measured right before, in mirror order (the last
+           prompt set first: decide.reference_order), the profile as a user leaves it
+           (within_gate_drift "none": compared plain)
   t3       the sim cell with each run's noise Student t on 3 degrees of freedom
   outlier  the sim cell with one run of each trial, on either side, 30% low
   session3 the users' swap whose stored result is of a session 3% away (the profile assumes
            1%): the deploy measures the incumbent right before it stops it and compares with
            that, so the stored result only shows the drift
+  drift_lin the drift cell with the profile's within_gate_drift: linear: compared detrended
+           (sequential.detrended: the drift's linear part removed); last, so that the cells
+           above keep their seeds (seed + 1000 x the cell's place)
+
+A swap (users, users3, drift, drift_lin, session3) has `--gap` runs' time between the
+incumbent's last run and the candidate's first (the restart; default 3), the random walk going
+on through it: the detrended comparison removes a linear drift, not what the walk does during
+the gap, so a long gap raises the error rates (docs/gate.md).
 
 Then the capacity check: the real judge_step's p99 interval (TTFT, per request) over
 requests of a lognormal latency at `capacity_min_requests`, how often it covers the true p99.
@@ -105,6 +116,10 @@ def models() -> list[Model]:
         Model("session3", "users, stored 3% away, fresh incumbent",
               replace(USERS_PROMPTED, walk=0.001, session=0.03),
               users.with_overrides(concurrency=(1,)), stored=True, stored_runs=swap, fresh=True),
+        Model("drift_lin", "drift, within_gate_drift: linear",
+              Noise("drift", {32: SIM_NOISE.at(32)}, ar=SIM_NOISE.ar, walk=0.005),
+              quick.with_overrides(concurrency=(32,), within_gate_drift="linear"), stored=True,
+              stored_runs=quick.baseline_runs(), fresh=True),
     ]
 
 
@@ -134,18 +149,21 @@ def ratios(m: Model, offset: float | None) -> dict[int, float]:
             for c in m.profile.concurrency}
 
 
-def cell(args: tuple[int, int, int, int]) -> Rates:
-    mi, oi, trials, seed = args
+def cell(args: tuple[int, int, int, int, int]) -> Rates:
+    mi, oi, trials, seed, gap = args
     m = models()[mi]
     return rates(m.profile, m.noise, ratios(m, OFFSETS[oi][1]), stored=m.stored,
                  stored_runs=m.stored_runs, trials=trials, seed=seed + 1000 * mi + oi,
-                 fresh=m.fresh)
+                 fresh=m.fresh, gap=gap)
 
 
 def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> dict[str, float]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=2000, help="trials per cell (default 2000)")
     ap.add_argument("--seed", type=int, default=19)
+    ap.add_argument("--gap", type=int, default=3,
+                    help="runs' time of restart between the incumbent and the candidate on a swap, "
+                         "the drift going on through it (default 3)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--models", default=",".join(m.name for m in models()),
                     help="comma-separated subset")
@@ -157,13 +175,13 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     t0 = time.monotonic()
     chosen = [i for i, m in enumerate(models()) if m.name in args.models.split(",")]
     cells = [i for i, (k, _) in enumerate(OFFSETS) if k in args.cells.split(",")]
-    jobs = [(mi, oi, args.trials, args.seed) for mi in chosen for oi in cells]
+    jobs = [(mi, oi, args.trials, args.seed, args.gap) for mi in chosen for oi in cells]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
             got = list(pool.map(cell, jobs))
     else:
         got = [cell(j) for j in jobs]
-    res = {(models()[mi].name, OFFSETS[oi][0]): r for (mi, oi, _, _), r in zip(jobs, got, strict=True)}
+    res = {(models()[mi].name, OFFSETS[oi][0]): r for (mi, oi, *_), r in zip(jobs, got, strict=True)}
     echo(f"{'model':7} {'policy and baseline':44} {'true ratio':>16} {'P(pass)':>8} "
          f"{'P(fail)':>8} {'P(inc)':>7} {'runs':>5} {'p95':>4}")
     for mi in chosen:
@@ -175,7 +193,8 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
             echo(f"{m.name:7} {m.what:44} {label:>7} {shown:>8} {r.passed:8.3f} {r.failed:8.3f} "
                  f"{r.inconclusive:7.3f} {r.runs_mean:5.1f} {r.runs_p95:4g}")
     out: dict[str, float] = {}
-    echo(f"# {args.trials} trials a cell, seed {args.seed}, {time.monotonic() - t0:.0f} s")
+    echo(f"# {args.trials} trials a cell, seed {args.seed}, swap gap {args.gap} runs, "
+         f"{time.monotonic() - t0:.0f} s")
     for mi in chosen:
         name = models()[mi].name
         if (name, "bar") not in res or (name, "equal") not in res:

@@ -70,6 +70,18 @@ def test_plan_text_says_runs_and_duration() -> None:
     assert "expected: unknown until a run of this workload is measured" in blind
 
 
+def test_plan_says_when_a_swap_is_compared_detrended(capsys: pytest.CaptureFixture[str]) -> None:
+    blind = noise_from([], PROF)
+    said = "compared detrended (within_gate_drift: linear)"
+    assert said not in plan_text(PROF, blind, stored=True, trials=10)  # the default: plain
+    linear = PROF.with_overrides(within_gate_drift="linear")
+    assert said in plan_text(linear, blind, stored=True, trials=10)
+    assert said not in plan_text(linear, blind, stored=False, trials=10)  # live: ABBA
+    assert said not in plan_text(linear, blind, stored=True, fresh=False, trials=10)
+    rc = main(["gate", "--plan", "--concurrency", "1", "--within-gate-drift", "quadratic"])
+    assert rc == 2 and "--within-gate-drift" in capsys.readouterr().err
+
+
 def test_plan_from_the_cli_reads_the_ledger(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     db = tmp_path / "ledger.db"
     with Ledger(db) as ledger:

@@ -281,22 +281,26 @@ def test_live_progress_renders_the_events() -> None:
     assert "1.100 [1.100, 1.100]" in out and "pass" in out
 
 
-@pytest.mark.parametrize(("paired", "first", "last", "stored", "rho"),
-                         [(True, 2, 12, 0, 0.0), (False, 3, 12, 10, 0.4), (False, 2, 5, 1, 0.0)])
-def test_the_vectorised_null_paths_are_the_gates_own_statistic(
-        monkeypatch: pytest.MonkeyPatch, paired: bool, first: int, last: int, stored: int, rho: float) -> None:
+@pytest.mark.parametrize(("paired", "first", "last", "stored", "rho", "detrend"),
+                         [(True, 2, 12, 0, 0.0, False), (False, 3, 12, 10, 0.4, False), (False, 2, 5, 1, 0.0, False),
+                          (True, 2, 12, 0, 0.4, True)])
+def test_the_vectorised_null_paths_are_the_gates_own_statistic(monkeypatch: pytest.MonkeyPatch, paired: bool,
+                                                               first: int, last: int, stored: int, rho: float,
+                                                               detrend: bool) -> None:
     """The boundary sizing computes the statistic for all paths at once; on the same seeded draws
-    each path equals `statistic` look by look (trimming from 10 runs, one stored run included)."""
+    each path equals `statistic` look by look (trimming from 10 runs, one stored run included,
+    the detrended one from 3 pairs)."""
     from stackbuild.gate import sequential as sq
 
     monkeypatch.setattr(sq, "CALIBRATION_PATHS", 50)
     sq._null_paths.cache_clear()
     try:
-        fast = sq._null_paths(paired, first, last, stored, rho)
+        fast = sq._null_paths(paired, first, last, stored, rho, detrend)
     finally:
         sq._null_paths.cache_clear()
-    xs, base = sq._null_draws(paired, last, stored, rho, f"{first}:{last}:{stored}:{paired}:{rho}")
-    design = Design(paired=paired, first=first, last=last)
+    seed = f"{first}:{last}:{stored}:{paired}:{rho}" + (":trend" if detrend else "")
+    xs, base = sq._null_draws(paired, last, stored, rho, seed)
+    design = Design(paired=paired, first=first, last=last, detrend=detrend)
     assert fast.shape == (50, last - first + 1)
     for path, x, b in zip(fast.tolist(), xs.tolist(), base.tolist(), strict=True):
         b = [0.0] * last if paired else b  # paired: x are the differences

@@ -127,6 +127,12 @@ CASES = [
         id="fusion-needs-patch",
     ),
     pytest.param(
+        BASE + "gate:\n  profiles:\n    q:\n      within_gate_drift: quadratic\n",
+        "stacks/s.yaml:21:26: error: gate.profiles.q.within_gate_drift: Input should be 'none' or "
+        "'linear' (got 'quadratic') [type]",
+        id="gate-within-drift",
+    ),
+    pytest.param(
         BASE.replace("    --tp-size: 8\n", "    --tp-size: 4\n"),
         "stacks/s.yaml:12:5: error: tensor parallel size and GPUs disagree (flag=4, tp=8); make --tp-size, "
         "runtime.tp and runtime.gpus agree [tp-gpus]",

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from itertools import pairwise
 from typing import Any
 
 from stackbuild.gate.result import (
@@ -29,7 +30,8 @@ from stackbuild.spec.profile import GateProfile
 Take = Callable[[int], Awaitable[tuple[RunMetrics, RunMetrics | None]]]
 
 
-def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False) -> Design:
+def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False,
+               mirrored: bool = False) -> Design:
     """The sequential design of a level: looks from `runs` (or the first run count where a
     boundary can be crossed, Design.start) to `max_runs`, the candidate's run i paired with the
     incumbent's run i on the same seeded prompts, live (`paired`: measured beside it, in ABBA
@@ -37,20 +39,50 @@ def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False) -> De
     in this session, right before a swap); the false-pass alpha
     per level (the gate passes only when every required level passes: an intersection-union
     test, Berger 1982, Technometrics 24:295), the false-fail alpha split over the required
-    levels (any one failing fails the gate: Bonferroni)."""
+    levels (any one failing fails the gate: Bonferroni). Where the profile declares
+    `within_gate_drift: linear`, a fresh baseline `mirrored` (measured in `reference_order`,
+    right before a swap) is compared by the detrended statistic (sequential.detrended): a
+    linear drift of the machine over the swap is removed, at about twice the standard error.
+    By default ("none") it is compared plain, as any paired baseline."""
     wl = profile.workload()
     alpha = (1.0 - profile.confidence) / 2.0
     family = max(1, len(profile.required_levels()))
     return Design(paired=True, first=wl.runs, last=wl.max_runs, alpha_pass=alpha,
                   alpha_fail=alpha / family,
                   drift=0.0 if paired or fresh else profile.session_drift,
-                  correlation=profile.run_correlation).start()
+                  correlation=profile.run_correlation,
+                  detrend=detrends(profile, paired=paired, fresh=fresh,
+                                   mirrored=mirrored)).start()
+
+
+def detrends(profile: GateProfile, *, paired: bool, fresh: bool, mirrored: bool) -> bool:
+    """Whether a level is compared detrended: the profile declares a linear drift within the
+    gate (`within_gate_drift: linear`), and the baseline is fresh, measured in mirror order
+    and not live (a live incumbent alternates ABBA: a drift favours neither side)."""
+    return profile.within_gate_drift == "linear" and fresh and mirrored and not paired
+
+
+def reference_order(n: int) -> list[int]:
+    """The run indices (prompt sets) of a reference measurement of n runs, in the order they are
+    measured: the last first. The candidate's run i follows the swap in index order, so each
+    pair (the two sides' run i) straddles the switch symmetrically, i + 1/2 runs either side
+    (sequential.mirror_separations), and a drift's linear part is told apart from the
+    difference (sequential.detrended)."""
+    return list(range(n - 1, -1, -1))
+
+
+def mirrored(runs: Sequence[RunMetrics]) -> bool:
+    """Whether stored runs (in index order) were measured in `reference_order`: each started
+    before the one of the index below it. Runs stored before start times were kept: no."""
+    starts = [r.started for r in runs if r.started is not None]
+    return len(starts) == len(runs) >= 2 and all(a > b for a, b in pairwise(starts))
 
 
 def level_summary(concurrency: int, runs: list[RunMetrics]) -> LevelResult:
+    """A level's runs, in index order (a reference measures them in `reference_order`)."""
     return LevelResult(
         concurrency=concurrency,
-        runs=tuple(runs),
+        runs=tuple(sorted(runs, key=lambda r: r.index)),
         median_output_tok_s=statistics.median(r.output_tok_s for r in runs),
         median_total_tok_s=statistics.median(r.total_tok_s for r in runs),
         ttft_p99_ms=max(r.ttft_ms.p99 for r in runs),
@@ -149,7 +181,8 @@ async def run_level(c: int, take: Take, profile: GateProfile, design: Design,
     """Runs at one level until the sequential test decides or its last look.
 
     A `live` incumbent is measured by `take` beside each candidate run; else
-    the candidate is compared with `stored`, or measured alone (a reference: `baseline_runs()`).
+    the candidate is compared with `stored`, or measured alone (a reference: `baseline_runs()`
+    runs, in `reference_order`).
     `cand` collects the candidate's runs as they finish (the deadline keeps what was measured).
     """
     cand = [] if cand is None else cand
@@ -157,9 +190,10 @@ async def run_level(c: int, take: Take, profile: GateProfile, design: Design,
     compared = live or bool(stored)
     target = design.first if compared else max(design.first, profile.baseline_runs())
     allowed = profile.max_failed_requests
+    order = list(range(max(target, design.last) + 1)) if compared else reference_order(target)
     while True:
         while len(cand) < target and sum(r.failed for r in cand) <= allowed:
-            mine, theirs = await take(len(cand))
+            mine, theirs = await take(order[len(cand)])
             if theirs is not None:
                 inc.append(theirs.output_tok_s)
             cand.append(mine)

@@ -166,7 +166,8 @@ async def stream_request(
 
 
 def summarize(
-    records: list[RequestRecord], concurrency: int, index: int, duration: float
+    records: list[RequestRecord], concurrency: int, index: int, duration: float,
+    started: float | None = None,
 ) -> RunMetrics:
     ok = [r for r in records if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
@@ -197,6 +198,7 @@ def summarize(
         e2e_ms=percentiles(e2e),
         token_count_mismatches=sum(1 for r in ok if r.mismatch),
         errors=tuple(errors),
+        started=started,
     )
 
 
@@ -277,8 +279,9 @@ async def run_once(
 ) -> RunMetrics:
     n = requests_per_run(wl, concurrency)
     prompts = [prompt_ids(wl, concurrency, index, i) for i in range(n)]
+    started = time.time()
     records, duration = await run_requests(url, wl, concurrency, prompts, on_done=on_done, fail_after=fail_after)
-    return summarize(records, concurrency, index, duration)
+    return summarize(records, concurrency, index, duration, started)
 
 
 async def warmup(url: str, wl: Workload, concurrency: int) -> list[RequestRecord]:

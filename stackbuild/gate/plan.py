@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from stackbuild.gate import agreement
-from stackbuild.gate.decide import design_for
+from stackbuild.gate.decide import design_for, detrends
 from stackbuild.gate.result import GateResult
 from stackbuild.gate.simulate import Noise, trial
 from stackbuild.spec.profile import GateProfile
@@ -232,6 +232,9 @@ def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str
                      f"~{lp.bar_runs:.1f}; {run}")
     lines.append(f"  an equal build passes {levels[0].equal_pass:.0%} of the time at this noise"
                  + (f"; session drift seen {noise.drift:.1%}" if noise.drift is not None else ""))
+    if detrends(profile, paired=not stored, fresh=fresh, mirrored=stored):
+        lines.append("  compared detrended (within_gate_drift: linear): a linear drift over the "
+                     "swap is removed, at a standard error about twice the plain one")
     if stored and fresh and undecidable(profile, stored=True, fresh=False):
         lines.append("  if the incumbent is not serving at the swap, its stored result of another "
                      "session is all there is, and then: " + str(undecidable(profile, stored=True,

@@ -49,6 +49,8 @@ class RunMetrics(_Frozen):
     # streamed chunk count disagreed with the server's usage numbers
     token_count_mismatches: int = 0
     errors: tuple[str, ...] = ()
+    # when the run started (seconds since the epoch); None in results written before it was kept
+    started: float | None = None
 
 
 class LevelResult(_Frozen):

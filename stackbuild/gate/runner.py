@@ -19,7 +19,14 @@ from stackbuild.effects import aio, http
 from stackbuild.effects.readiness import HttpProbe, wait_ready
 from stackbuild.errors import InfraError, InputError
 from stackbuild.gate import checks, loadgen
-from stackbuild.gate.decide import bar_violations, design_for, level_summary, overall, run_level
+from stackbuild.gate.decide import (
+    bar_violations,
+    design_for,
+    level_summary,
+    mirrored,
+    overall,
+    run_level,
+)
 from stackbuild.gate.probe import run_probe
 from stackbuild.gate.result import (
     AgreementResult,
@@ -173,8 +180,12 @@ async def _run_level(
         theirs = await _measure(inc_url, wl, c, i, "incumbent", emit)
         return await cand(), theirs
 
-    stored_runs = [r.output_tok_s for r in stored.runs] if stored is not None else None
-    design = design_for(profile, paired=inc_url is not None, fresh=fresh)
+    # run i of the candidate is paired with the stored run of index i, whatever order it was
+    # measured in; one measured in reference_order right before a swap is compared detrended
+    # when the profile says within_gate_drift: linear (decide.detrends)
+    kept = sorted(stored.runs, key=lambda r: r.index) if stored is not None else []
+    stored_runs = [r.output_tok_s for r in kept] if stored is not None else None
+    design = design_for(profile, paired=inc_url is not None, fresh=fresh, mirrored=mirrored(kept))
     return await run_level(c, take, profile, design, stored_runs, done, live=inc_url is not None)
 
 

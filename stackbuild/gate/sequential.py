@@ -29,6 +29,14 @@ min(n, m) - 1 degrees of freedom (Scheffe 1970, J. Amer. Statist. Assoc. 65:1501
 then the session-to-session drift (a standard deviation on the log scale) is added to the
 variance as a known component.
 
+On a swap the incumbent is measured right before it is stopped, in mirror order (its run i
+i + 1/2 runs before the switch, the candidate's i + 1/2 after: decide.reference_order), and
+the paired statistic is `detrended`: the analysis of covariance of d_i on the pair's
+separation (Cochran 1957, Biometrics 13:261-281), its intercept the difference with the two
+runs measured at once, on n - 2 degrees of freedom; a linear drift of the machine shared by
+both sides no longer reads as a difference. Its boundaries are sized on null paths of that
+statistic.
+
 The interval reported at a look, [ratio * exp(-c_pass * se), ratio * exp(c_fail * se)], is
 the repeated confidence interval of the two tests (Jennison & Turnbull 2000, ch. 9): the
 level passes when its low end clears the bar and fails when its high end is below it.
@@ -149,6 +157,9 @@ class Design:
     # lag-1 autocorrelation of a side's successive runs the boundary allows for (AR(1));
     # 0: runs independent
     correlation: float = 0.0
+    # paired runs of a swap, the incumbent's measured in mirror order right before the
+    # candidate's (decide.reference_order): the statistic is `detrended`
+    detrend: bool = False
 
     def looks(self) -> range:
         return range(self.first, self.last + 1)
@@ -156,6 +167,8 @@ class Design:
     def fractions(self, stored_runs: int) -> tuple[float, ...]:
         """Information fraction at each look, n = first..last."""
         def info(n: int) -> float:
+            if self.detrend:  # 1 / var of the intercept at separation 0, in units of sigma^2
+                return n * (n * n - 1.0) / (4.0 * n * n - 1.0)
             return float(n) if self.paired else 1.0 / (1.0 / n + 1.0 / max(1, stored_runs))
 
         full = info(self.last)
@@ -164,7 +177,10 @@ class Design:
     def df(self, n: int, stored_runs: int) -> int:
         """Degrees of freedom at n candidate runs of the trimmed statistic: n - 2g - 1 paired
         (g = trim_count(n)); stored: min(h_c, h_i) - 1, h = n - 2g each side (the conservative
-        choice for Welch's and Yuen's statistic, Scheffe 1970), h_c - 1 with one stored run."""
+        choice for Welch's and Yuen's statistic, Scheffe 1970), h_c - 1 with one stored run;
+        detrended: n - 2 (a slope estimated besides the mean, no trimming)."""
+        if self.detrend:
+            return n - 2
         h = n - 2 * trim_count(n)
         if self.paired or stored_runs < 2:
             return h - 1
@@ -230,6 +246,37 @@ def robust(xs: Sequence[float]) -> tuple[float, float, int]:
     return est, var, n - 2 * g - 1
 
 
+@lru_cache(maxsize=64)
+def mirror_separations(n: int) -> tuple[float, ...]:
+    """How far apart in runs the two sides' run i are, halved, when the incumbent's runs were
+    measured in mirror order right before the candidate's (decide.reference_order): the
+    incumbent's run i (i + 1/2) runs before the switch, the candidate's i + 1/2 after it (the
+    restart between not counted)."""
+    return tuple(i + 0.5 for i in range(n))
+
+
+def detrended(ds: Sequence[float], at: Sequence[float]) -> tuple[float, float, int]:
+    """(the mean difference at separation 0, its variance, degrees of freedom) of paired
+    differences `ds`, the two runs of pair i `at[i]` apart in time.
+
+    The analysis of covariance of the paired log ratio on time (Cochran 1957, Biometrics
+    13:261-281): d_i = mu + beta at_i + e_i, least squares. A linear trend shared by both
+    sides moves pair i by beta at_i; mu, the intercept, is the difference with the two runs
+    measured at once. Var(mu) = s^2 (1/n + mean(at)^2 / Sxx), s^2 the residual variance on
+    n - 2 degrees of freedom (the slope costs one). Below 3 pairs: no variance (nan).
+    """
+    n = len(ds)
+    if n < 3:
+        return (sum(ds) / n if n else 0.0), math.nan, max(0, n - 2)
+    mx, my = sum(at) / n, sum(ds) / n
+    cx = [x - mx for x in at]
+    sxx = sum(c * c for c in cx)
+    sxy = sum(c * y for c, y in zip(cx, ds, strict=True))  # = sum (x - mx)(y - my)
+    slope = sxy / sxx
+    rss = max(0.0, sum((y - my) * (y - my) for y in ds) - slope * sxy)
+    return my - slope * mx, rss / (n - 2) * (1.0 / n + mx * mx / sxx), n - 2
+
+
 def _null_draws(paired: bool, last: int, stored_runs: int, rho: float, seed: str) -> tuple[np.ndarray, np.ndarray]:
     """The seeded null simulation's runs: (CALIBRATION_PATHS x last candidate runs, or paired
     differences; CALIBRATION_PATHS x max(1, stored_runs) stored runs, zeros when paired)."""
@@ -239,22 +286,40 @@ def _null_draws(paired: bool, last: int, stored_runs: int, rho: float, seed: str
     return xs, (np.zeros((CALIBRATION_PATHS, m)) if paired else ar1_rows(rng, CALIBRATION_PATHS, m, rho))
 
 
+def _detrended_rows(ds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`detrended` of each row (n >= 3 pairs at `mirror_separations(n)`), for many rows at once."""
+    n = ds.shape[1]
+    at = np.array(mirror_separations(n))
+    mx, cx = at.mean(), at - at.mean()
+    sxx, my = float(cx @ cx), ds.mean(axis=1)
+    sxy = ds @ cx
+    slope = sxy / sxx
+    rss = np.maximum(0.0, ((ds - my[:, None]) ** 2).sum(axis=1) - slope * sxy)
+    return my - slope * mx, rss / (n - 2) * (1.0 / n + mx * mx / sxx)
+
+
 @lru_cache(maxsize=16)
-def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: float = 0.0) -> np.ndarray:
+def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: float = 0.0,
+                detrend: bool = False) -> np.ndarray:
     """The statistic at each look (columns n = first..last) of seeded simulated runs under the
     null (the true ratio on the bar), for paired or stored runs at equal spreads, the runs of
-    each side autocorrelated rho (the paired differences then are too).
+    each side autocorrelated rho (the paired differences then are too); `detrend`: of the
+    detrended statistic.
 
     The draws are `_null_draws`'s (seeded by the design); the statistic is `statistic`'s
-    (paired: `robust` of the differences; stored: Yuen's difference of the two sides' `robust`,
-    one stored run taken at the candidate's spread), for all paths at once
+    (paired: `robust` or `detrended` of the differences; stored: Yuen's difference of the two
+    sides' `robust`, one stored run taken at the candidate's spread), for all paths at once
     (tests/test_gate_stats.py holds the two equal)."""
-    xs, base = _null_draws(paired, last, stored_runs, rho, f"{first}:{last}:{stored_runs}:{paired}:{rho}")
+    seed = f"{first}:{last}:{stored_runs}:{paired}:{rho}" + (":trend" if detrend else "")
+    xs, base = _null_draws(paired, last, stored_runs, rho, seed)
     m = base.shape[1]
     mi, vi = trimmed_rows(base, trim_count(m)) if m >= 2 and not paired else (base[:, 0], None)
     cols = []
     for n in range(first, last + 1):
-        mc, vc = trimmed_rows(xs[:, :n], trim_count(n)) if n >= 2 else (xs[:, 0], np.full(len(xs), np.nan))
+        if n < (3 if detrend else 2):
+            cols.append(np.zeros(len(xs)))
+            continue
+        mc, vc = _detrended_rows(xs[:, :n]) if detrend else trimmed_rows(xs[:, :n], trim_count(n))
         se = np.sqrt(vc if paired else vc + (vc if vi is None else vi))
         with np.errstate(divide="ignore", invalid="ignore"):
             cols.append(np.where((se > 0) & np.isfinite(se), (mc - mi) / se, 0.0))
@@ -265,7 +330,7 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: floa
 
 def _lambda(design: Design, stored_runs: int, alpha: float, side: int,
             nominal: tuple[float, ...], rho: float) -> float:
-    paths = _null_paths(design.paired, design.first, design.last, stored_runs, rho)
+    paths = _null_paths(design.paired, design.first, design.last, stored_runs, rho, design.detrend)
     worst = np.sort((side * paths / np.array(nominal)).max(axis=1))
     return float(worst[min(len(worst) - 1, math.ceil((1.0 - alpha) * len(worst)))])
 
@@ -325,7 +390,8 @@ def statistic(cand: Sequence[float], inc: Sequence[float],
     2 runs."""
     if design.paired:
         n = min(len(cand), len(inc))
-        est, var, df = robust([a - b for a, b in zip(cand[:n], inc[:n], strict=True)])
+        diffs = [a - b for a, b in zip(cand[:n], inc[:n], strict=True)]
+        est, var, df = detrended(diffs, mirror_separations(n)) if design.detrend else robust(diffs)
         se = math.sqrt(var + design.drift ** 2) if n >= 2 else math.nan
         return est, se, float(df)
     nc, ni = len(cand), len(inc)

@@ -30,7 +30,7 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from stackbuild.gate.decide import Take, design_for, overall, run_level
+from stackbuild.gate.decide import Take, design_for, overall, reference_order, run_level
 from stackbuild.gate.result import LevelResult, Percentiles, RunMetrics, Verdict
 from stackbuild.spec.profile import GateProfile
 
@@ -162,11 +162,12 @@ def trial(profile: GateProfile, noise: Noise, ratios: Mapping[int, float], *, st
 
     stored: the incumbent's `stored_runs` runs are stored, from another session (offset by
     the session drift), or `fresh`: measured in this session right before the candidate's
-    (a swap), `gap` runs' time of drift between (the restart); else it runs live, in
-    alternation with the candidate. Run i of either side gets run i's prompts."""
+    (a swap), in `reference_order` (the last index first), `gap` runs' time of drift between
+    (the restart); else it runs live, in alternation with the candidate. Run i of either side
+    gets run i's prompts."""
     now = _Session(noise, rng)
     then = now if fresh else _Session(noise, rng, offset=rng.gauss(0.0, noise.session))
-    design = design_for(profile, paired=not stored, fresh=fresh)
+    design = design_for(profile, paired=not stored, fresh=fresh, mirrored=fresh)
     levels = []
     last = max(stored_runs, profile.workload().max_runs)
     for c in profile.concurrency:
@@ -177,8 +178,9 @@ def trial(profile: GateProfile, noise: Noise, ratios: Mapping[int, float], *, st
         bad = [[low if hit == side * last + i else 0.0 for i in range(last)] for side in (0, 1)]
         kept = None
         if stored:
-            kept = [then.draw(c, base, then.common(c) + prompts[i] + bad[0][i], "inc")
-                    for i in range(stored_runs)]
+            kept = [0.0] * stored_runs
+            for i in reference_order(stored_runs) if fresh else range(stored_runs):
+                kept[i] = then.draw(c, base, then.common(c) + prompts[i] + bad[0][i], "inc")
             for _ in range(gap if fresh else 0):
                 now.draw(c, base, 0.0, "gap")
         take = _take(now, c, base, ratios[c], prompts, bad, live=not stored)
@@ -231,10 +233,10 @@ def p95(xs: list[int] | tuple[int, ...]) -> float:
 
 
 def rates(profile: GateProfile, noise: Noise, ratios: Mapping[int, float], *, stored: bool,
-          stored_runs: int, trials: int, seed: int, fresh: bool = False) -> Rates:
+          stored_runs: int, trials: int, seed: int, fresh: bool = False, gap: int = 3) -> Rates:
     rng = random.Random(seed)
     got = [trial(profile, noise, ratios, stored=stored, stored_runs=stored_runs, rng=rng,
-                 fresh=fresh) for _ in range(trials)]
+                 fresh=fresh, gap=gap) for _ in range(trials)]
     runs = [n for t in got for n in t.runs]
     n = len(got)
     return Rates(trials=n, passed=sum(t.verdict == "pass" for t in got) / n,
