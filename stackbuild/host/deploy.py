@@ -1,5 +1,8 @@
 """The deploy flow: lease, recover, preflight, pull, stage, start, readiness, gate, decide.
 
+Where strategies differ (what makes room for the candidate, how it comes to serve once it passed)
+the flow asks the strategy's module (strategy.py, strategies/).
+
 It receives a `Remote` and never opens one. Every step is safe to repeat: the
 host state file carries a `pending` marker from the moment the incumbent may
 be disturbed until the outcome is committed, and whoever takes the lease next
