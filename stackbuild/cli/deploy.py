@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from stackbuild.cli.progress import progress_option, wants_live
 from stackbuild.errors import InputError
+
+if TYPE_CHECKING:
+    from stackbuild.spec.stack import Stack
 
 _SSH_OPTIONS = [
     click.option(
@@ -169,59 +172,51 @@ def deploy_cmd(
 
     stack = load_stack(stack_name, root=(ctx.obj or {}).get("root"), variant=variant)
     _validate_fully(stack)
-    from stackbuild.host.fit import check_side_by_side
-
-    check_side_by_side(stack, strategy or stack.host.strategy)  # before any host is touched
-    if allow_outage and not fleet:
-        raise InputError("--allow-outage is for --fleet: a single deploy states its own outage (swap) and has none "
-                         "behind a gateway (side-by-side)")
-    if fleet or hosts_csv or inventory:
+    _refuse_misplaced(stack, strategy=strategy, allow_outage=allow_outage, fleet=fleet,
+                      fleet_only=bool(hosts_csv or inventory), host_text=host_text, json_out=json_out)
+    ssh = _ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout)
+    if fleet:
         from stackbuild.flows.rollout import FleetArgs, run_fleet
 
-        if not fleet or host_text or strategy or json_out:
-            raise InputError("--hosts/--inventory need --fleet; --fleet takes no --host, --strategy "
-                             "or --json (per-host settings live in the inventory)")
         fargs = FleetArgs(
-            stack=stack,
-            ssh=_ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout),
+            stack=stack, ssh=ssh,
             hosts=[h.strip() for h in hosts_csv.split(",") if h.strip()] if hosts_csv else None,
-            inventory=inventory,
-            on_failure=on_failure,
-            soak_s=soak_s,
-            allow_outage=allow_outage,
-            dry_run=dry_run,
-            image=image,
-            registry=registry or stack.host.registry,
-            profile_name=profile_name,
-            tunnel=tunnel,
-            ledger=ledger,
-            root=_root(ctx),
-            secrets={n: os.environ[n] for n in stack.runtime.secrets if n in os.environ},
-            progress=wants_live(show_progress),
+            inventory=inventory, on_failure=on_failure, soak_s=soak_s, allow_outage=allow_outage, dry_run=dry_run,
+            image=image, registry=registry or stack.host.registry, profile_name=profile_name, tunnel=tunnel,
+            ledger=ledger, root=_root(ctx), secrets=_secrets(stack), progress=wants_live(show_progress),
             prune_workers=prune_workers,
         )
         _exit(run_fleet(fargs, echo=click.echo))
         return
     args = DeployArgs(
-        stack=stack,
-        host_text=host_text or stack.host.address or "",
-        ssh=_ssh_opts(accept_new_host_key, known_hosts, identity, connect_timeout),
-        strategy=strategy or stack.host.strategy,
-        image=image,
-        registry=registry or stack.host.registry,
-        profile_name=profile_name,
-        tunnel=tunnel,
-        ledger=ledger,
-        root=_root(ctx),
-        json_out=json_out,
-        dry_run=dry_run,
-        secrets={n: os.environ[n] for n in stack.runtime.secrets if n in os.environ},
-        progress=wants_live(show_progress),
-        prune_workers=prune_workers,
+        stack=stack, host_text=host_text or stack.host.address or "", ssh=ssh,
+        strategy=strategy or stack.host.strategy, image=image, registry=registry or stack.host.registry,
+        profile_name=profile_name, tunnel=tunnel, ledger=ledger, root=_root(ctx), json_out=json_out,
+        dry_run=dry_run, secrets=_secrets(stack), progress=wants_live(show_progress), prune_workers=prune_workers,
     )
     if not args.host_text:
         raise InputError(f"{stack.source}: no host: pass --host [USER@]HOST[:PORT] or set host.address in the spec")
     _exit(run_deploy(args, echo=click.echo))
+
+
+def _refuse_misplaced(stack: Stack, *, strategy: str | None, allow_outage: bool, fleet: bool, fleet_only: bool,
+                      host_text: str | None, json_out: Path | None) -> None:
+    """Refuse (exit 2), before any host is touched: a side-by-side that cannot fit, and options given
+    where they do not apply (a fleet's options without --fleet, a single host's with it)."""
+    from stackbuild.host.fit import check_side_by_side
+
+    check_side_by_side(stack, strategy or stack.host.strategy)
+    if allow_outage and not fleet:
+        raise InputError("--allow-outage is for --fleet: a single deploy states its own outage (swap) and has none "
+                         "behind a gateway (side-by-side)")
+    if (fleet or fleet_only) and (not fleet or host_text or strategy or json_out):
+        raise InputError("--hosts/--inventory need --fleet; --fleet takes no --host, --strategy "
+                         "or --json (per-host settings live in the inventory)")
+
+
+def _secrets(stack: Stack) -> dict[str, str]:
+    """The runtime secrets the spec names, from this process's environment (those that are set)."""
+    return {n: os.environ[n] for n in stack.runtime.secrets if n in os.environ}
 
 
 @click.command("status")

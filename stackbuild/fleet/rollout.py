@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Protocol, TypeVar
 
 from stackbuild.errors import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK
-from stackbuild.fleet.plan import PASSED, decide_wave, outliers, remaining
+from stackbuild.fleet.plan import PASSED, WaveDecision, decide_wave, outliers, remaining
 
 SOAK_FAILED = "soak-failed"
 
@@ -149,126 +149,187 @@ def run_rollout(
     reference: Mapping[int, float] | None = None,
     prior: Prior | None = None,
 ) -> RolloutResult:
-    res = RolloutResult()
-    for i, wave in enumerate(waves):
-        for h in wave:
-            # a resumed rollout keeps the hosts it promoted; the rest start over
-            old = prior.rows.get(h) if prior else None
-            res.rows[h] = replace(old, wave=i) if old and old.outcome in (PASSED, "already") else HostRow(h, i)
-            if prior is not None:
-                rec.host(res.rows[h])
-    everyone = [h for w in waves for h in w]
+    return _Rollout(waves, ops, settings, rec, echo, prior, ref=dict(reference or {})).run()
 
-    left_out: dict[str, str] = {}  # hosts that serve but are not in the gateway: named in the summary
 
-    def stop(outcome: str, code: int, cause: str) -> RolloutResult:
-        if left_out:  # never silent: a host out of the pool is capacity lost until the next run puts it back
-            names = ", ".join(f"{h} ({why})" for h, why in sorted(left_out.items()))
+@dataclass
+class _Rollout:
+    """One rollout's run, a method per step: prepare every host, then each wave (deploy, outliers,
+    soak, decide). A step that ends the rollout returns its result (`stop`), else None."""
+
+    waves: list[list[str]]
+    ops: FleetOps
+    settings: Settings
+    rec: Recorder
+    echo: Callable[[str], None]
+    prior: Prior | None
+    ref: dict[int, float]  # the canary's medians (or the given reference) the others are compared with
+    res: RolloutResult = field(default_factory=RolloutResult)
+    left_out: dict[str, str] = field(default_factory=dict)  # hosts that serve but are not in the gateway
+    done: set[str] = field(default_factory=set)  # on the candidate with their wave decided: skipped
+    unsettled: set[str] = field(default_factory=set)  # promoted by this rollout, their wave not decided
+    promoted_before: list[str] = field(default_factory=list)
+
+    @property
+    def everyone(self) -> list[str]:
+        return [h for w in self.waves for h in w]
+
+    def run(self) -> RolloutResult:
+        self.start_rows()
+        if (stopped := self.prepare()) is not None:
+            return stopped
+        self.promoted_before = [h for h in self.everyone if h in self.done]
+        for i, hosts in remaining(self.waves, self.done):
+            if (stopped := self.wave(i, hosts)) is not None:
+                return stopped
+        return self.stop("completed", EXIT_OK, f"every host runs the candidate ({len(self.everyone)} host(s))")
+
+    def start_rows(self) -> None:
+        prior = self.prior
+        for i, wave in enumerate(self.waves):
+            for h in wave:
+                # a resumed rollout keeps the hosts it promoted; the rest start over
+                old = prior.rows.get(h) if prior else None
+                self.res.rows[h] = replace(old, wave=i) if old and old.outcome in (PASSED, "already") else HostRow(h, i)
+                if prior is not None:
+                    self.rec.host(self.res.rows[h])
+
+    def stop(self, outcome: str, code: int, cause: str) -> RolloutResult:
+        res = self.res
+        if self.left_out:  # never silent: a host out of the pool is capacity lost until the next run puts it back
+            names = ", ".join(f"{h} ({why})" for h, why in sorted(self.left_out.items()))
             cause = f"{cause}; NOT in the gateway though serving: {names}; the next rollout puts them back"
             code = code or EXIT_INFRA
         res.outcome, res.exit_code, res.cause = outcome, code, cause
         for row in res.rows.values():
-            rec.host(row)
-        rec.finish(outcome, cause)  # the caller says how it ended, under its table
+            self.rec.host(row)
+        self.rec.finish(outcome, cause)  # the caller says how it ended, under its table
         return res
 
-    def refused(step: str, results: Mapping[str, object]) -> str:
+    def refused(self, step: str, results: Mapping[str, object]) -> str:
         """Mark every host whose `step` reported a problem; their names, or "" when none did."""
         bad = {h: _why(r) for h, r in results.items() if r is not None}
         for h, why in bad.items():
-            res.rows[h].outcome, res.rows[h].detail = "refused", f"{step}: {why}"
+            self.res.rows[h].outcome, self.res.rows[h].detail = "refused", f"{step}: {why}"
         return ", ".join(sorted(bad))
 
-    echo(f"fleet: converging {len(everyone)} host(s): what an interrupted run left is put back first")
-    if names := refused("converge", each(everyone, ops.converge, settings.pull_parallel)):
-        return stop("refused", EXIT_INFRA, f"cannot converge {names}; nothing was deployed")
-    echo(f"fleet: preflight of {len(everyone)} host(s)")
-    if names := refused("preflight", each(everyone, ops.preflight, settings.pull_parallel)):
-        return stop("refused", EXIT_INFRA, f"preflight failed on {names}; no host was changed")
-    try:
-        why = ops.gateway()
-    except Exception as err:  # the rollout's refusal, not its crash
-        why = _why(err)
-    if why is not None:
-        return stop("refused", EXIT_INFRA, f"gateway: {why}; no server was changed")
+    def prepare(self) -> RolloutResult | None:
+        """Converge, preflight, the gateway, where each host stands, pull: any failure refuses the rollout."""
+        everyone, ops, n = self.everyone, self.ops, self.settings.pull_parallel
+        self.echo(f"fleet: converging {len(everyone)} host(s): what an interrupted run left is put back first")
+        if names := self.refused("converge", each(everyone, ops.converge, n)):
+            return self.stop("refused", EXIT_INFRA, f"cannot converge {names}; nothing was deployed")
+        self.echo(f"fleet: preflight of {len(everyone)} host(s)")
+        if names := self.refused("preflight", each(everyone, ops.preflight, n)):
+            return self.stop("refused", EXIT_INFRA, f"preflight failed on {names}; no host was changed")
+        try:
+            why = ops.gateway()
+        except Exception as err:  # the rollout's refusal, not its crash
+            why = _why(err)
+        if why is not None:
+            return self.stop("refused", EXIT_INFRA, f"gateway: {why}; no server was changed")
+        if (stopped := self.where_hosts_stand()) is not None:
+            return stopped
+        todo = [h for h in everyone if h not in self.done]
+        self.echo(f"fleet: pulling the candidate on {len(todo)} host(s), {n} at a time")
+        if names := self.refused("pull", each(todo, ops.pull, n)):
+            return self.stop("refused", EXIT_INFRA, f"pull failed on {names}; no service was changed")
+        return None
 
-    views = each(everyone, ops.view, settings.pull_parallel)
-    done, unsettled = set(), set()
-    for h, v in views.items():
-        row = res.rows[h]
-        if isinstance(v, Exception):
-            row.outcome, row.detail = "refused", f"state: {_why(v)}"
-            return stop("refused", EXIT_INFRA, f"cannot read the state of {h}; no host was changed")
-        if not v.on_candidate or v.pending:
-            continue
-        if row.outcome == PASSED:  # promoted by this rollout, its wave decided: nothing left to do
-            done.add(h)
-        elif prior is not None and prior.promoted_it(v.since):  # promoted by it, its wave not decided
-            unsettled.add(h)
-            row.outcome, row.verdict, row.detail = PASSED, v.verdict, "promoted before the rollout was interrupted"
-        else:
-            done.add(h)
-            row.outcome, row.verdict, row.detail = "already", v.verdict, "already runs the candidate"
-    if done:
-        echo(f"fleet: already on the candidate, skipped: {', '.join(h for h in everyone if h in done)}")
-    if unsettled:
-        echo(f"fleet: promoted before the interruption, soaked and decided with their wave: "
-             f"{', '.join(h for h in everyone if h in unsettled)}")
+    def where_hosts_stand(self) -> RolloutResult | None:
+        """Hosts on the candidate already are skipped (`done`), or soaked and decided with their wave
+        again when this rollout promoted them and was interrupted before it decided it (`unsettled`)."""
+        everyone, prior = self.everyone, self.prior
+        for h, v in each(everyone, self.ops.view, self.settings.pull_parallel).items():
+            row = self.res.rows[h]
+            if isinstance(v, Exception):
+                row.outcome, row.detail = "refused", f"state: {_why(v)}"
+                return self.stop("refused", EXIT_INFRA, f"cannot read the state of {h}; no host was changed")
+            if not v.on_candidate or v.pending:
+                continue
+            if row.outcome == PASSED:  # promoted by this rollout, its wave decided: nothing left to do
+                self.done.add(h)
+            elif prior is not None and prior.promoted_it(v.since):  # promoted by it, its wave not decided
+                self.unsettled.add(h)
+                row.outcome, row.verdict, row.detail = PASSED, v.verdict, "promoted before the rollout was interrupted"
+            else:
+                self.done.add(h)
+                row.outcome, row.verdict, row.detail = "already", v.verdict, "already runs the candidate"
+        if self.done:
+            self.echo(f"fleet: already on the candidate, skipped: {', '.join(h for h in everyone if h in self.done)}")
+        if self.unsettled:
+            self.echo(f"fleet: promoted before the interruption, soaked and decided with their wave: "
+                      f"{', '.join(h for h in everyone if h in self.unsettled)}")
+        return None
 
-    todo = [h for h in everyone if h not in done]
-    echo(f"fleet: pulling the candidate on {len(todo)} host(s), {settings.pull_parallel} at a time")
-    if names := refused("pull", each(todo, ops.pull, settings.pull_parallel)):
-        return stop("refused", EXIT_INFRA, f"pull failed on {names}; no service was changed")
-
-    ref = dict(reference or {})
-    ref_host = waves[0][0]
-    promoted_before = [h for h in everyone if h in done]
-    for i, hosts in remaining(waves, done):
+    def wave(self, i: int, hosts: list[str]) -> RolloutResult | None:
         label = "canary" if i == 0 else f"wave {i}"
-        echo(f"\nfleet: {label}: {', '.join(hosts)}")
-        results = each([h for h in hosts if h not in unsettled], ops.deploy, len(hosts))
-        outcomes: dict[str, str] = {h: PASSED for h in hosts if h in unsettled}
+        self.echo(f"\nfleet: {label}: {', '.join(hosts)}")
+        results, outcomes = self.deploy(hosts)
+        self.flag_outliers(hosts, results, outcomes)
+        self.soak(label, hosts, outcomes)
+        for h in hosts:
+            row = self.res.rows[h]
+            self.echo(f"  {h}: {row.outcome}" + (f" ({row.verdict})" if row.verdict else "")
+                      + (f": {row.detail.splitlines()[0][:160]}" if row.detail and row.outcome != PASSED else ""))
+        decision = decide_wave(outcomes, self.promoted_before, self.settings.policy, on_candidate=(PASSED, SOAK_FAILED))
+        if decision.go_on:
+            for h in hosts:
+                self.rec.host(self.res.rows[h])
+            self.promoted_before += hosts
+            return None
+        self.echo(f"fleet: stop at {label}: {decision.why}")
+        return self.revert(label, decision, results)
+
+    def deploy(self, hosts: list[str]) -> tuple[dict[str, DeployResult | Exception], dict[str, str]]:
+        """The wave's hosts deployed in parallel (its unsettled ones count as passed): results, outcomes."""
+        results = each([h for h in hosts if h not in self.unsettled], self.ops.deploy, len(hosts))
+        outcomes: dict[str, str] = {h: PASSED for h in hosts if h in self.unsettled}
         for h, r in results.items():
-            row = res.rows[h]
+            row = self.res.rows[h]
             if isinstance(r, Exception):
                 row.outcome, row.detail = "failed", f"deploy: {_why(r)}"
             else:
                 row.outcome, row.verdict, row.detail = r.outcome, r.verdict, r.cause or ""
                 row.medians, row.noise = dict(r.medians), dict(r.noise)
                 if r.out_of_gateway is not None:
-                    left_out[h] = r.out_of_gateway
+                    self.left_out[h] = r.out_of_gateway
                     row.detail = "; ".join(x for x in ("NOT in the gateway (serving)", row.detail) if x)
             outcomes[h] = row.outcome
-        if not ref and ref_host in results and outcomes.get(ref_host) == PASSED:
-            ref = res.rows[ref_host].medians
-        cls = ops.host_class(ref_host)
-        same = {h: res.rows[h].medians for h in hosts if outcomes[h] == PASSED and h != ref_host
-                and ops.host_class(h) == cls}
-        noise = {h: res.rows[h].noise for h in same} | {"": res.rows[ref_host].noise}
-        for h, why in outliers(ref, same, settings.outlier_tolerance, noise).items():
-            res.rows[h].flagged = why
-            echo(f"fleet: FLAGGED {h}: reads off its class ({cls}): {why}")
-        if settings.soak_s > 0 and all(o == PASSED for o in outcomes.values()):
-            echo(f"fleet: soaking {label} for {settings.soak_s:g}s")
-            soaked = each(hosts, lambda h: ops.soak(h, settings.soak_s, settings.soak_interval_s), len(hosts))
-            for h, sr in soaked.items():
-                if sr is not None:
-                    res.rows[h].outcome, res.rows[h].detail = SOAK_FAILED, f"soak: {_why(sr)}"
-                    outcomes[h] = SOAK_FAILED
-        for h in hosts:
-            row = res.rows[h]
-            echo(f"  {h}: {row.outcome}" + (f" ({row.verdict})" if row.verdict else "")
-                 + (f": {row.detail.splitlines()[0][:160]}" if row.detail and row.outcome != PASSED else ""))
-        decision = decide_wave(outcomes, promoted_before, settings.policy, on_candidate=(PASSED, SOAK_FAILED))
-        if decision.go_on:
-            for h in hosts:
-                rec.host(res.rows[h])
-            promoted_before += hosts
-            continue
-        echo(f"fleet: stop at {label}: {decision.why}")
-        back = each(decision.revert, ops.revert, settings.pull_parallel)
+        return results, outcomes
+
+    def flag_outliers(self, hosts: list[str], results: Mapping[str, object], outcomes: Mapping[str, str]) -> None:
+        """Passed hosts of the canary's class whose medians read off the canary's are flagged."""
+        rows, ref_host = self.res.rows, self.waves[0][0]
+        if not self.ref and ref_host in results and outcomes.get(ref_host) == PASSED:
+            self.ref = rows[ref_host].medians
+        cls = self.ops.host_class(ref_host)
+        same = {h: rows[h].medians for h in hosts if outcomes[h] == PASSED and h != ref_host
+                and self.ops.host_class(h) == cls}
+        noise = {h: rows[h].noise for h in same} | {"": rows[ref_host].noise}
+        for h, why in outliers(self.ref, same, self.settings.outlier_tolerance, noise).items():
+            rows[h].flagged = why
+            self.echo(f"fleet: FLAGGED {h}: reads off its class ({cls}): {why}")
+
+    def soak(self, label: str, hosts: list[str], outcomes: dict[str, str]) -> None:
+        """A wave whose hosts all passed is watched for settings.soak_s; a host that does not hold up fails."""
+        st = self.settings
+        if not (st.soak_s > 0 and all(o == PASSED for o in outcomes.values())):
+            return
+        self.echo(f"fleet: soaking {label} for {st.soak_s:g}s")
+        soaked = each(hosts, lambda h: self.ops.soak(h, st.soak_s, st.soak_interval_s), len(hosts))
+        for h, sr in soaked.items():
+            if sr is not None:
+                self.res.rows[h].outcome, self.res.rows[h].detail = SOAK_FAILED, f"soak: {_why(sr)}"
+                outcomes[h] = SOAK_FAILED
+
+    def revert(self, label: str, decision: WaveDecision, results: Mapping[str, DeployResult | Exception]
+               ) -> RolloutResult:
+        """The hosts the decision names put back to their incumbent; the rollout stops with the exit code
+        its failures call for (an infrastructure failure outranks a gate's)."""
+        back = each(decision.revert, self.ops.revert, self.settings.pull_parallel)
         for h, br in back.items():
-            row = res.rows[h]
+            row = self.res.rows[h]
             if br is None:
                 row.detail = (f"{row.detail}; " if row.outcome != PASSED else "") + "put back to the incumbent"
                 row.outcome = row.outcome if row.outcome == SOAK_FAILED else "reverted"
@@ -276,8 +337,7 @@ def run_rollout(
                 row.outcome, row.detail = "failed", f"revert failed: {_why(br)}"
         codes = [r.exit_code for r in results.values() if isinstance(r, DeployResult) and r.outcome != PASSED]
         failed_infra = any(isinstance(r, Exception) for r in results.values()) or any(
-            res.rows[h].outcome == "failed" for h in back)
+            self.res.rows[h].outcome == "failed" for h in back)
         code = EXIT_INFRA if failed_infra or EXIT_INFRA in codes else (
             EXIT_INCONCLUSIVE if codes and all(c == EXIT_INCONCLUSIVE for c in codes) else EXIT_GATE_FAILED)
-        return stop("stopped", code, f"{label} failed: {decision.why}")
-    return stop("completed", EXIT_OK, f"every host runs the candidate ({len(everyone)} host(s))")
+        return self.stop("stopped", code, f"{label} failed: {decision.why}")

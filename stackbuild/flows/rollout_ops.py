@@ -34,6 +34,7 @@ from stackbuild.host.preflight import run_preflight
 from stackbuild.host.reach import gateway_link, gateway_target, same_host
 from stackbuild.host.ssh import Remote, parse_host
 from stackbuild.host.state import HostPaths, read_state
+from stackbuild.host.strategy import strategy_named
 from stackbuild.host.unit_probe import unit_state
 from stackbuild.render.gateway import worker_url
 from stackbuild.render.stack import render_unit
@@ -52,7 +53,8 @@ def preflight_on(r: Remote, hs: Stack, image: str) -> str | None:
     paths = paths_of(hs)
     state = read_state(r, paths)
     active = state.current is not None and units.is_active(r, paths.unit_of(state.slot))
-    pf = run_preflight(r, hs, image=image, ports=deploy_ports(place(hs, state, hs.host.strategy), active))
+    p = place(hs, state, in_place=strategy_named(hs.host.strategy).IN_PLACE)
+    pf = run_preflight(r, hs, image=image, ports=deploy_ports(p, active))
     return None if pf.ok else "; ".join(f"{c.name}: {c.detail}" for c in pf.failures)
 
 

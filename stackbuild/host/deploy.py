@@ -1,5 +1,8 @@
 """The deploy flow: lease, recover, preflight, pull, stage, start, readiness, gate, decide.
 
+Where strategies differ (what makes room for the candidate, how it comes to serve once it passed)
+the flow asks the strategy's module (strategy.py, strategies/).
+
 It receives a `Remote` and never opens one. Every step is safe to repeat: the
 host state file carries a `pending` marker from the moment the incumbent may
 be disturbed until the outcome is committed, and whoever takes the lease next
@@ -13,6 +16,7 @@ preflight, lease held), with nothing changed unless the report says so.
 
 from __future__ import annotations
 
+from stackbuild.effects.readiness import Readiness
 from stackbuild.errors import EXIT_INFRA, StackbuildError
 from stackbuild.gate.result import GateResult
 from stackbuild.host import converge, secrets, units
@@ -20,9 +24,7 @@ from stackbuild.host.crash import classify
 from stackbuild.host.decide import incumbent_result, verdict_of
 from stackbuild.host.deploy_steps import (
     CHANNEL_TRIES,
-    Placement,
     deploy_ports,
-    dry_plan,
     hold_bound_s,
     move_channel,
     not_the_candidate,
@@ -47,6 +49,7 @@ from stackbuild.host.state import (
     read_state,
     write_state,
 )
+from stackbuild.host.strategy import Candidate, Served, Strategy, strategy_named
 from stackbuild.image.smoke import host_kernel_check_argv
 
 __all__ = ["CHANNEL_TRIES", "deploy", "hold_bound_s", "recover"]
@@ -102,7 +105,9 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
             # drained before it stops; the gateway step below brings the serving release in
             state = converge.to_current(remote, paths, state, _conv(req, svc, rep, join=False))
     incumbent_active = state.current is not None and units.is_active(remote, paths.unit_of(state.slot))
-    p = place(stack, state, req.strategy)
+    requested = strategy_named(req.strategy)
+    p = place(stack, state, in_place=requested.IN_PLACE)
+    strategy = strategy_named(requested.runs_as(p, svc.gateway))
     unit = paths.unit_of(p.slot)
     try:
         with rep.step("preflight") as st:
@@ -134,9 +139,10 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
     except StackbuildError as err:
         rep.finish("refused", str(err), getattr(err, "exit_code", EXIT_INFRA))
         return
+    c = Candidate(remote, req, svc, paths, rep, state, _conv(req, svc, rep), p, staged, text, incumbent_active)
     if remote.dry_run:
         stage_secrets(remote, req, paths, rep, operator=not p.beside)
-        dry_plan(remote, req, svc, paths, p, staged, rep)
+        _dry_plan(c, strategy)
         return
 
     baseline = incumbent_result(remote, req, svc, paths, state, incumbent_active, rep)
@@ -149,52 +155,46 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
     )
     with rep.step("mark pending"):
         write_state(remote, paths, state.model_copy(update={"pending": pending}))
-    conv = _conv(req, svc, rep)
 
     try:
         stage_secrets(remote, req, paths, rep, operator=not p.beside)
-        _run_candidate(remote, req, svc, paths, rep, state, conv, staged, p, baseline, incumbent_active, text)
+        _run_candidate(c, strategy, baseline)
     except ConnectionLost:
         raise
     except Exception as err:
         # Anything unexpected once the host is disturbed: put the incumbent back
         # first; a bug (not a StackbuildError) still surfaces after that.
         cause = f"deploy step failed: {(str(err) or type(err).__name__).splitlines()[0]}"
-        _roll_back(remote, paths, state, conv, rep, cause, verdict="error")
+        c.roll_back(cause, verdict="error")
         rep.finish("rolled-back", cause, getattr(err, "exit_code", EXIT_INFRA))
         if not isinstance(err, StackbuildError):
             raise
 
 
-def _run_candidate(
-    remote: Remote,
-    req: DeployRequest,
-    svc: Services,
-    paths: HostPaths,
-    rep: DeployReport,
-    state: HostState,
-    conv: converge.Converger,
-    staged: str,
-    p: Placement,
-    baseline: GateResult | None,
-    incumbent_active: bool,
-    text: str,
-) -> None:
-    stack, gw = req.stack, svc.gateway
-    unit = paths.unit_of(p.slot)
+def _run_candidate(c: Candidate, strategy: Strategy, baseline: GateResult | None) -> None:
+    """Start the candidate where the strategy placed it, gate it, let the strategy make it serve, promote."""
+    ready = _start(c, strategy)
+    if ready is None:
+        return
+    result = _gate(c, ready, baseline)
+    if result is None:
+        return
+    served = strategy.hand_over(c)
+    if served is None:
+        return
+    _promote(c, served, result)
+
+
+def _start(c: Candidate, strategy: Strategy) -> Readiness | None:
+    """The candidate's unit installed and started, then ready: its readiness, or None once rolled back."""
+    remote, paths, p, unit, rep = c.remote, c.paths, c.p, c.unit, c.rep
     with rep.step("start") as st:
         since = units.remote_now(remote)
-        if p.beside and gw is not None:  # a stale entry for its port (a killed run's) never routes to it
-            st.detail = _not_pooled(gw, p.port)
-        if not p.beside and incumbent_active:
-            if gw is not None:  # in-flight requests end on the incumbent; the gateway sends no new ones
-                st.detail = gw.leave_or_back(p.serving_port) + "; "
-            conv.outage_begin()
-            units.stop(remote, unit)
-        units.install(remote, staged, paths.runs_from(p.slot, serving=not p.beside))  # /run: a reboot brings
+        st.detail = strategy.start(c)
+        units.install(remote, c.staged, paths.runs_from(p.slot, serving=not p.beside))  # /run: a reboot brings
         units.start(remote, unit)  # back the incumbent
         st.detail += f"{unit} on port {p.port}"
-    ready = readiness(remote, svc, unit, p.port, stack, rep, since)
+    ready = readiness(remote, c.svc, unit, p.port, c.req.stack, rep, since)
     if not ready.ok:
         logs = units.logs_since(remote, unit, unit.removesuffix(".service"), since)
         sig = classify(f"{logs}\n{ready.detail}")
@@ -208,79 +208,51 @@ def _run_candidate(
             "expect-log": "candidate serves, but not on the path its variant claims",
         }.get(ready.stage, "candidate never became ready")
         cause = f"{what}: {ready.detail}" + (f" [{sig.kind}: {sig.hint}]" if sig else "")
-        _roll_back(remote, paths, state, conv, rep, cause, verdict="not-ready")
-        return
-    if not p.beside:
-        conv.outage_end()
+        c.roll_back(cause, verdict="not-ready")
+        return None
+    c.conv.outage_end()  # the candidate serves where the incumbent stopped (an outage only a swap began)
+    return ready
 
-    if (other := not_the_candidate(remote, svc, unit, p.port, ready)) is not None:
-        _roll_back(remote, paths, state, conv, rep, f"candidate lost before its gate: {other}", verdict="not-ready")
-        return
-    with rep.step("gate") as st, svc.endpoint(p.port) as url:
-        result = svc.gate(url, req.profile, stack.label, baseline)
+
+def _gate(c: Candidate, ready: Readiness, baseline: GateResult | None) -> GateResult | None:
+    """The gate on the very process readiness confirmed: its result when it passed, else None (rolled back)."""
+    remote, svc, unit, port, rep = c.remote, c.svc, c.unit, c.p.port, c.rep
+    if (other := not_the_candidate(remote, svc, unit, port, ready)) is not None:
+        c.roll_back(f"candidate lost before its gate: {other}", verdict="not-ready")
+        return None
+    with rep.step("gate") as st, svc.endpoint(port) as url:
+        result = svc.gate(url, c.req.profile, c.req.stack.label, baseline)
         if rep.host_facts:
             result = result.model_copy(update={"host": {**result.host, **rep.host_facts}})
         rep.verdict = verdict_of(result, first=baseline is None)
         rep.gate_json = result.model_dump_json()
         st.detail = f"{rep.verdict}" + (f": {'; '.join(result.reasons)[:300]}" if result.reasons else "")
-        if (other := not_the_candidate(remote, svc, unit, p.port, ready)) is not None:
+        if (other := not_the_candidate(remote, svc, unit, port, ready)) is not None:
             st.detail = f"not the candidate's result: {other}"
             rep.verdict = "error"
             rep.steps[-1].ok = False
     if other is not None:  # no verdict on the candidate: an infrastructure failure, not a rejection
         cause = f"the gate did not measure the candidate: {other}"
-        _roll_back(remote, paths, state, conv, rep, cause, verdict="error")
+        c.roll_back(cause, verdict="error")
         rep.finish("rolled-back", cause, EXIT_INFRA)
-        return
+        return None
     if rep.verdict != "pass":
         reasons = "; ".join([*result.reasons, *result.bars])[:500] or "no reason given"
-        _roll_back(remote, paths, state, conv, rep, f"gate {rep.verdict}: {reasons}", verdict=rep.verdict)
-        return
+        c.roll_back(f"gate {rep.verdict}: {reasons}", verdict=rep.verdict)
+        return None
+    return result
 
-    slot, port, ran_from = p.slot, p.port, paths.runs_from(p.slot, serving=not p.beside)
-    staged_final = f"{paths.staging_dir}/{unit}"
-    if p.beside and (gw is not None or p.slot == "main"):
-        # the candidate stays where it runs: it takes over through the gateway (or, without one,
-        # on the main unit's port already), and the incumbent stops once it is out of the pool
-        with rep.step("take over") as st:
-            said = [gw.join(p.port)] if gw is not None else []
-            if incumbent_active:
-                if gw is not None:
-                    said.append(gw.leave_or_back(p.serving_port))
-                units.stop(remote, paths.unit_of(p.serving))
-                said.append(f"stopped {paths.unit_of(p.serving)}")
-            text = svc.render_unit(stack, image=req.image, port=p.port, name=unit.removesuffix(".service"))
-            staged_final = units.stage_and_verify(remote, paths.staging_dir, unit, text)
-            if stack.runtime.secrets:
-                secrets.stage(remote, paths, stack.runtime.secrets, req.secrets, target=secrets.env_file(paths.service))
-            st.detail = "; ".join([*said, f"{unit} serves port {p.port}: nothing restarted"])
-    elif p.beside:
-        with rep.step("switch") as st:
-            slot, port, ran_from = "main", stack.runtime.port, paths.override_path
-            text = svc.render_unit(stack, image=req.image, port=port, name=paths.service)
-            staged_final = units.stage_and_verify(remote, paths.staging_dir, paths.main_unit, text)
-            if stack.runtime.secrets:
-                secrets.stage(remote, paths, stack.runtime.secrets, req.secrets, target=secrets.env_file(paths.service))
-            if incumbent_active:
-                conv.outage_begin()
-            args = [paths.candidate_unit, paths.runs_from("staging", serving=False), paths.main_unit, staged_final,
-                    ran_from]
-            units.switch(remote, paths, args)
-            st.detail = f"{paths.main_unit} now runs the candidate on {port}"
-        ready = readiness(remote, svc, paths.main_unit, port, stack, rep)
-        if not ready.ok:
-            _roll_back(remote, paths, state, conv, rep,
-                       f"candidate passed the gate but failed after the switch: {ready.detail}", verdict="not-ready")
-            return
-        conv.outage_end()
 
+def _promote(c: Candidate, served: Served, result: GateResult) -> None:
+    """Commit the release on the host, then put it back into the gateway and move the channel."""
+    remote, paths, req, rep, stack, gw = c.remote, c.paths, c.req, c.rep, c.req.stack, c.svc.gateway
     with rep.step("promote") as st:
-        release = Release(image=req.image, digest=req.digest, stack=stack.name, variant=stack.variant, unit=text,
-                          port=port, verdict=rep.verdict, at=now_iso(), slot=slot)
+        release = Release(image=req.image, digest=req.digest, stack=stack.name, variant=stack.variant,
+                          unit=served.text, port=served.port, verdict=rep.verdict, at=now_iso(), slot=served.slot)
         new_state = HostState(
             service=paths.service,
             current=release,
-            previous=state.current,
+            previous=c.state.current,
             last_verdict=rep.verdict,
             last_cause=None,
             last_image=req.image,
@@ -288,27 +260,19 @@ def _run_candidate(
         )
         remote.run(["mkdir", "-p", f"{paths.base}/results"], what="create results dir")
         remote.put_text(result.model_dump_json(), paths.result_file(release.key))
-        converge.commit(remote, paths, new_state, staged_final, ran_from)
-        st.detail = f"host state committed; {paths.unit_of(slot)} enabled (starts on boot)"
+        converge.commit(remote, paths, new_state, served.staged, served.ran_from)
+        st.detail = f"host state committed; {paths.unit_of(served.slot)} enabled (starts on boot)"
     # Committed on the host: from here nothing undoes the promotion. A gateway that will not take
     # the host back, or a channel that will not move, is reported (exit 4), never rolled back.
-    if gw is not None and not p.beside and (stale := _rejoin(gw, port, rep)):
+    if gw is not None and served.rejoin and (stale := _rejoin(gw, served.port, rep)):
         rep.finish("promoted", stale, EXIT_INFRA)
         return
-    if svc.promote_channel and stack.host.channel:
-        stale = move_channel(svc, req.image, stack.host.channel, rep)
+    if c.svc.promote_channel and stack.host.channel:
+        stale = move_channel(c.svc, req.image, stack.host.channel, rep)
         if stale:
             rep.finish("promoted", stale, EXIT_INFRA)
             return
     rep.finish("promoted")
-
-
-def _not_pooled(gw: GatewayLink, port: int) -> str:
-    """The candidate's port out of the gateway and its pool file before the candidate starts there: an
-    earlier run killed while its candidate took over left that URL in, and the gateway would route
-    users to the new, ungated process as soon as it answers. A no-op when it is not there."""
-    d = gw.leave(port)
-    return "" if d.detail.startswith("not in the gateway") else f"stale {d.url} out of the gateway ({d.detail}); "
 
 
 def _rejoin(gw: GatewayLink, port: int, rep: DeployReport) -> str | None:
@@ -322,31 +286,20 @@ def _rejoin(gw: GatewayLink, port: int, rep: DeployReport) -> str | None:
                 f"({str(err).splitlines()[0][:200]}); re-run the deploy to put it back")
 
 
-def _roll_back(
-    remote: Remote,
-    paths: HostPaths,
-    state: HostState,
-    conv: converge.Converger,
-    rep: DeployReport,
-    cause: str,
-    *,
-    verdict: str,
-) -> None:
-    rep.verdict = rep.verdict or verdict
-    restored = converge.to_current(remote, paths, state, conv)
-    write_state(
-        remote,
-        paths,
-        restored.model_copy(
-            update={
-                "last_verdict": rep.verdict,
-                "last_cause": cause[:500],
-                "last_image": rep.image,
-                "last_at": now_iso(),
-            }
-        ),
-    )
-    rep.finish("rolled-back", cause)
+def _dry_plan(c: Candidate, strategy: Strategy) -> None:
+    """Say what the deploy would do; the host commands it would send are the dry remote's to print."""
+    echo, paths, p, unit = c.svc.echo, c.paths, c.p, c.unit
+    echo(f"would mark the deploy pending in {paths.state_file}")
+    strategy.plan_start(c)
+    units.install(c.remote, c.staged, paths.runs_from(p.slot, serving=not p.beside))
+    units.start(c.remote, unit)
+    echo(f"would wait for {unit}: port {p.port}, /health 200, one generation")
+    echo(f"would gate it with profile {c.req.profile.description or 'default'}")
+    if c.svc.gate_plan is not None:
+        echo(c.svc.gate_plan(c.req.profile, not p.beside))
+    strategy.plan_hand_over(c)
+    echo(f"would promote (write {paths.state_file}) or roll back to the incumbent")
+    c.rep.finish("planned")
 
 
 def _conv(req: DeployRequest, svc: Services, rep: DeployReport, *, join: bool = True) -> converge.Converger:

@@ -1,5 +1,5 @@
 """The deploy flow's smaller steps (host/deploy.py reads as the list of them): where the candidate runs,
-its secrets, the registry channel, readiness, the dry run's plan, and how long the lock is held."""
+its secrets, the registry channel, readiness, and how long the lock is held."""
 
 from __future__ import annotations
 
@@ -40,13 +40,13 @@ class Placement:
         return self.slot != self.serving
 
 
-def place(stack: Stack, state: HostState, strategy: str) -> Placement:
-    """Swap: in the incumbent's own unit, on its port. Side-by-side: in the service's other unit, on
-    that unit's port -- runtime.staging_port while the incumbent serves runtime.port, and the other
-    way round once a promotion through the gateway left the release on the staging unit. A first
-    deploy has nothing to run beside: the main unit, on runtime.port."""
+def place(stack: Stack, state: HostState, *, in_place: bool) -> Placement:
+    """In place (swap): in the incumbent's own unit, on its port. Beside it (side-by-side): in the
+    service's other unit, on that unit's port -- runtime.staging_port while the incumbent serves
+    runtime.port, and the other way round once a promotion through the gateway left the release on
+    the staging unit. A first deploy has nothing to run beside: the main unit, on runtime.port."""
     serving = state.slot
-    slot = serving if strategy == "swap" or state.current is None else other(serving)
+    slot = serving if in_place or state.current is None else other(serving)
     serving_port = state.current.port if state.current else slot_port(stack, serving)
     return Placement(slot, slot_port(stack, slot), serving, serving_port)
 
@@ -159,30 +159,3 @@ def expected_path(remote: Remote, unit: str, stack: Stack, since: int, ready: Re
         return replace(ready, detail=f"{ready.detail}; startup log shows the expected path")
     return replace(ready, ok=False, stage="expect-log", detail=why)
 
-
-def dry_plan(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths, p: Placement, staged: str,
-             rep: DeployReport) -> None:
-    unit = paths.unit_of(p.slot)
-    gw = svc.gateway
-    svc.echo(f"would mark the deploy pending in {paths.state_file}")
-    if not p.beside and units.is_active(remote, paths.unit_of(p.serving)):
-        if gw is not None:
-            svc.echo(f"would drain {gw.worker_url(p.serving_port)} out of the gateway {gw.url}")
-        svc.echo(f"would stop the incumbent {paths.unit_of(p.serving)}")
-        if svc.outage_plan is not None:
-            svc.echo(svc.outage_plan())
-    units.install(remote, staged, paths.runs_from(p.slot, serving=not p.beside))
-    units.start(remote, unit)
-    svc.echo(f"would wait for {unit}: port {p.port}, /health 200, one generation")
-    svc.echo(f"would gate it with profile {req.profile.description or 'default'}")
-    if svc.gate_plan is not None:
-        svc.echo(svc.gate_plan(req.profile, not p.beside))
-    if p.beside and gw is not None:
-        svc.echo(f"would add {gw.worker_url(p.port)} to the gateway {gw.url}, drain "
-                 f"{gw.worker_url(p.serving_port)} and stop {paths.unit_of(p.serving)}: nothing restarts, "
-                 f"port {p.port} serves from then on")
-    elif p.beside and p.slot == "staging":
-        svc.echo(f"would switch {paths.main_unit} to the candidate on port {req.stack.runtime.port} "
-                 "(an outage: stop, then start; a gateway: section makes it none)")
-    svc.echo(f"would promote (write {paths.state_file}) or roll back to the incumbent")
-    rep.finish("planned")

@@ -173,73 +173,14 @@ def run_preflight(
     ports: dict[int, bool],
 ) -> PreflightReport:
     """Run every check for a deploy of `image` binding `ports` (port -> may our own incumbent hold it)."""
-    checks: list[Check] = []
+    docker, root_dir, runtimes = _docker(remote)
+    checks: list[Check] = [docker]
     gpus: list[Gpu] = []
     facts: dict[str, str] = {}
-    need_kib = need_free_kib(stack)
-    docker = remote.run(DOCKER_INFO, check=False, what="docker info", changes=False)
-    root_dir = "/var/lib/docker"
-    runtimes = ""
-    if docker.ok and "|" in docker.stdout:
-        version, root_dir, runtimes = [*docker.stdout.strip().split("|", 2), "", ""][:3]
-        checks.append(Check("docker", True, f"docker {version}"))
-    else:
-        checks.append(Check("docker", False, f"docker is not usable: {_one_line(docker)}; install/start it"))
     if stack.runtime.gpus != "none":
-        cdi = remote.run(
-            sh_argv(CDI_SCRIPT),
-            check=False,
-            what="look for NVIDIA CDI specs",
-            changes=False,
-        )
-        has = '"nvidia"' in runtimes or cdi.ok
-        checks.append(
-            Check(
-                "nvidia runtime",
-                has,
-                "NVIDIA container runtime or CDI spec found"
-                if has
-                else "neither the nvidia docker runtime nor an NVIDIA CDI spec: install nvidia-container-toolkit",
-            )
-        )
-        smi = remote.run(NVIDIA_SMI_QUERY, check=False, what="nvidia-smi", changes=False)
-        gpus = parse_nvidia_smi(smi.stdout) if smi.ok else []
-        checks += check_gpus(stack, gpus, None if smi.ok else _one_line(smi))
-        if len(gpus) > 1 and stack.runtime.tp > 1:
-            found = _pcie(remote, stack)
-            checks += found[0]
-            facts.update(found[1])
-    present = remote.run(
-        image_id_argv(image),
-        check=False,
-        what="is the image already there",
-        changes=False,
-    )
-    if present.ok:
-        checks.append(Check("disk", True, "image already on the host"))
-    else:
-        df = remote.run(df_argv(root_dir), check=False, what="free disk", changes=False)
-        avail = parse_df_avail_kib(df.stdout) if df.ok else None
-        if avail is None and "No such file" in df.stderr:
-            # The daemon's storage is not on this shell's filesystem (docker socket
-            # shared into a container host): nothing here can measure it.
-            checks.append(
-                Check(
-                    "disk",
-                    True,
-                    f"{root_dir} not visible from the host shell (remote daemon storage): free space not checked",
-                )
-            )
-        else:
-            checks.append(
-                Check(
-                    "disk",
-                    avail is not None and avail >= need_kib,
-                    f"{_gib(avail)} free under {root_dir}, the image needs {_gib(need_kib)}"
-                    if avail is not None
-                    else f"cannot read free space of {root_dir}: {_one_line(df)}",
-                )
-            )
+        found, gpus, facts = _gpus(remote, stack, runtimes)
+        checks += found
+    checks.append(_disk(remote, image, root_dir, need_free_kib(stack)))
     if stack.runtime.ulimits:
         limits = remote.run(
             sh_argv(LIMITS_SCRIPT),
@@ -252,6 +193,74 @@ def run_preflight(
     tcp = remote.run(sh_argv(TCP_SCRIPT), check=False, what="listening ports", changes=False)
     checks += port_checks(parse_listening_ports(tcp.stdout), ports)
     return PreflightReport(tuple(checks), tuple(gpus), tuple(sorted(facts.items())))
+
+
+def _docker(remote: Remote) -> tuple[Check, str, str]:
+    """Is docker usable: its check, the daemon's root dir and its runtimes (as `docker info` says)."""
+    docker = remote.run(DOCKER_INFO, check=False, what="docker info", changes=False)
+    if docker.ok and "|" in docker.stdout:
+        version, root_dir, runtimes = [*docker.stdout.strip().split("|", 2), "", ""][:3]
+        return Check("docker", True, f"docker {version}"), root_dir, runtimes
+    return Check("docker", False, f"docker is not usable: {_one_line(docker)}; install/start it"), "/var/lib/docker", ""
+
+
+def _gpus(remote: Remote, stack: Stack, runtimes: str) -> tuple[list[Check], list[Gpu], dict[str, str]]:
+    """The NVIDIA runtime, the GPUs (count, arch, driver) and, with TP > 1 on several GPUs, the PCIe path."""
+    checks: list[Check] = []
+    facts: dict[str, str] = {}
+    cdi = remote.run(
+        sh_argv(CDI_SCRIPT),
+        check=False,
+        what="look for NVIDIA CDI specs",
+        changes=False,
+    )
+    has = '"nvidia"' in runtimes or cdi.ok
+    checks.append(
+        Check(
+            "nvidia runtime",
+            has,
+            "NVIDIA container runtime or CDI spec found"
+            if has
+            else "neither the nvidia docker runtime nor an NVIDIA CDI spec: install nvidia-container-toolkit",
+        )
+    )
+    smi = remote.run(NVIDIA_SMI_QUERY, check=False, what="nvidia-smi", changes=False)
+    gpus = parse_nvidia_smi(smi.stdout) if smi.ok else []
+    checks += check_gpus(stack, gpus, None if smi.ok else _one_line(smi))
+    if len(gpus) > 1 and stack.runtime.tp > 1:
+        found = _pcie(remote, stack)
+        checks += found[0]
+        facts.update(found[1])
+    return checks, gpus, facts
+
+
+def _disk(remote: Remote, image: str, root_dir: str, need_kib: int) -> Check:
+    """Room for the image under the daemon's root dir, unless it is there already."""
+    present = remote.run(
+        image_id_argv(image),
+        check=False,
+        what="is the image already there",
+        changes=False,
+    )
+    if present.ok:
+        return Check("disk", True, "image already on the host")
+    df = remote.run(df_argv(root_dir), check=False, what="free disk", changes=False)
+    avail = parse_df_avail_kib(df.stdout) if df.ok else None
+    if avail is None and "No such file" in df.stderr:
+        # The daemon's storage is not on this shell's filesystem (docker socket
+        # shared into a container host): nothing here can measure it.
+        return Check(
+            "disk",
+            True,
+            f"{root_dir} not visible from the host shell (remote daemon storage): free space not checked",
+        )
+    return Check(
+        "disk",
+        avail is not None and avail >= need_kib,
+        f"{_gib(avail)} free under {root_dir}, the image needs {_gib(need_kib)}"
+        if avail is not None
+        else f"cannot read free space of {root_dir}: {_one_line(df)}",
+    )
 
 
 def _pcie(remote: Remote, stack: Stack) -> tuple[list[Check], dict[str, str]]:

@@ -22,7 +22,7 @@ import select
 import shlex
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -319,7 +319,6 @@ def trust_hint(host: str, port: int, known_hosts: str = "~/.ssh/known_hosts") ->
 def connect(address: HostAddress, opts: SshOptions | None = None) -> FabricRemote:
     """Open a strict, bounded SSH connection (retried only while it is being opened)."""
     # fabric and paramiko (~170 ms) load here, when a connection is opened, not when the CLI starts
-    import paramiko
     from fabric import Config, Connection
 
     opts = opts or SshOptions()
@@ -327,78 +326,87 @@ def connect(address: HostAddress, opts: SshOptions | None = None) -> FabricRemot
         overrides={"load_ssh_configs": True},
         runtime_ssh_path=str(opts.ssh_config) if opts.ssh_config is not None else None,
     )
-    connect_kwargs: dict[str, Any] = {
-        "banner_timeout": opts.connect_timeout_s,
-        "auth_timeout": opts.connect_timeout_s,
-        "channel_timeout": opts.connect_timeout_s,
-    }
-    if opts.key_filename:
-        connect_kwargs["key_filename"] = opts.key_filename
+    kwargs = connect_kwargs(opts)
     known = opts.known_hosts or Path.home() / ".ssh" / "known_hosts"
 
     def attempt() -> Any:
-        conn = Connection(
-            host=address.host,
-            user=address.user,
-            port=address.port,
-            config=config,
-            connect_timeout=int(max(1, opts.connect_timeout_s)),
-            connect_kwargs=dict(connect_kwargs),
-        )
+        conn = Connection(host=address.host, user=address.user, port=address.port, config=config,
+                          connect_timeout=int(max(1, opts.connect_timeout_s)), connect_kwargs=dict(kwargs))
         client = conn.client
-        client.load_system_host_keys()
-        if known.exists():
-            try:
-                client.load_system_host_keys(str(known))
-            except (OSError, UnicodeDecodeError, paramiko.SSHException) as err:
-                raise InputError(
-                    f"--known-hosts {known}: not a readable known_hosts file ({type(err).__name__}); "
-                    "pass an OpenSSH known_hosts text file"
-                ) from None
+        load_host_keys(client, known)
         client.set_missing_host_key_policy(_HostKeyPolicy(known, opts.accept_new_host_key))
         conn.open()
         conn.transport.set_keepalive(opts.keepalive_s)
         return conn
 
-    transient = (
-        socket.timeout,
-        ConnectionError,
-        EOFError,
-        paramiko.ssh_exception.NoValidConnectionsError,
-    )
-    opener = retry(
-        retry=retry_if_exception_type(transient),
+    try:
+        conn = retrying(attempt, opts)()
+    except Exception as err:
+        if (refusal := connect_error(err, str(address), known, opts)) is None:
+            raise
+        raise refusal from None
+    return FabricRemote(conn, address, opts)
+
+
+def connect_kwargs(opts: SshOptions) -> dict[str, Any]:
+    """paramiko's connect() arguments: every phase bounded by the connect timeout; an explicit key."""
+    kw: dict[str, Any] = {"banner_timeout": opts.connect_timeout_s, "auth_timeout": opts.connect_timeout_s,
+                          "channel_timeout": opts.connect_timeout_s}
+    if opts.key_filename:
+        kw["key_filename"] = opts.key_filename
+    return kw
+
+
+def load_host_keys(client: Any, known: Path) -> None:
+    """The system's host keys, then `known` when it exists; one that is not a known_hosts file is refused."""
+    import paramiko
+
+    client.load_system_host_keys()
+    if known.exists():
+        try:
+            client.load_system_host_keys(str(known))
+        except (OSError, UnicodeDecodeError, paramiko.SSHException) as err:
+            raise InputError(f"--known-hosts {known}: not a readable known_hosts file ({type(err).__name__}); "
+                             "pass an OpenSSH known_hosts text file") from None
+
+
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """What opening a connection retries: timeouts, refused or reset connections, nothing listening."""
+    import paramiko
+
+    return socket.timeout, ConnectionError, EOFError, paramiko.ssh_exception.NoValidConnectionsError
+
+
+def retrying(attempt: Callable[[], Any], opts: SshOptions) -> Callable[[], Any]:
+    """`attempt` retried on a transient error, 1 s apart, within connect_attempts and their timeouts."""
+    return retry(
+        retry=retry_if_exception_type(transient_errors()),
         stop=stop_after_attempt(opts.connect_attempts)
         | stop_before_delay(opts.connect_timeout_s * opts.connect_attempts),
         wait=wait_fixed(1),
         reraise=True,
     )(attempt)
-    target = str(address)
-    try:
-        conn = opener()
-    except _UnknownHostKey as err:
-        raise InfraError(
-            f"SSH to {target}: host key {err.fingerprint} of {err.name} is not in {known}; "
-            + trust_hint(err.host, err.port, str(known))
-        ) from None
-    except paramiko.BadHostKeyException as err:
-        raise InfraError(
-            f"SSH to {target}: the host key CHANGED ({err.key.get_name()} "
-            f"{_fingerprint(err.key)}); this may be an attack. If the host was reinstalled, "
-            f"remove the old line with ssh-keygen -R and trust the new key deliberately"
-        ) from None
-    except paramiko.AuthenticationException as err:
-        raise InfraError(
-            f"SSH to {target}: authentication failed ({err}); check the user, the key "
-            "(IdentityFile in ~/.ssh/config) or the agent"
-        ) from None
-    except (*transient, OSError, paramiko.SSHException) as err:
-        raise InfraError(
-            f"SSH to {target}: cannot connect within {opts.connect_timeout_s:.0f}s "
-            f"({opts.connect_attempts} attempts): {err or type(err).__name__}; "
-            "check that the host is up and sshd listens on that port"
-        ) from None
-    return FabricRemote(conn, address, opts)
+
+
+def connect_error(err: BaseException, target: str, known: Path, opts: SshOptions) -> InfraError | None:
+    """What a failed connect says (exit 4), by its cause; None for an error that is not a connect's."""
+    import paramiko
+
+    if isinstance(err, _UnknownHostKey):
+        return InfraError(f"SSH to {target}: host key {err.fingerprint} of {err.name} is not in {known}; "
+                          + trust_hint(err.host, err.port, str(known)))
+    if isinstance(err, paramiko.BadHostKeyException):
+        return InfraError(f"SSH to {target}: the host key CHANGED ({err.key.get_name()} "
+                          f"{_fingerprint(err.key)}); this may be an attack. If the host was reinstalled, "
+                          f"remove the old line with ssh-keygen -R and trust the new key deliberately")
+    if isinstance(err, paramiko.AuthenticationException):
+        return InfraError(f"SSH to {target}: authentication failed ({err}); check the user, the key "
+                          "(IdentityFile in ~/.ssh/config) or the agent")
+    if isinstance(err, (*transient_errors(), OSError, paramiko.SSHException)):
+        return InfraError(f"SSH to {target}: cannot connect within {opts.connect_timeout_s:.0f}s "
+                          f"({opts.connect_attempts} attempts): {err or type(err).__name__}; "
+                          "check that the host is up and sshd listens on that port")
+    return None
 
 
 def _fingerprint(key: Any) -> str:

@@ -148,10 +148,21 @@ class GateSpec(_Model):
     profiles: dict[str, GateProfile] = Field(default_factory=dict)
 
 
+# How a deploy brings its candidate in: strategy name -> the module of stackbuild/host/strategies/ that
+# does it (host/strategy.py loads it). A spec names swap or side-by-side; take-over is what side-by-side
+# becomes where the candidate can keep its own unit (behind a gateway, or on the main unit already).
+# A new strategy is its module plus one line here (and its commands in testing/fake_host.py).
+STRATEGY_MODULES: dict[str, str] = {
+    "swap": "stackbuild.host.strategies.swap",
+    "side-by-side": "stackbuild.host.strategies.side_by_side",
+    "take-over": "stackbuild.host.strategies.take_over",
+}
+
+
 class Host(_Model):
     address: SshTarget | None = None
     service: Ident = "sglang"
-    strategy: Literal["swap", "side-by-side"] = "swap"
+    strategy: Literal["swap", "side-by-side"] = "swap"  # a name in STRATEGY_MODULES
     registry: Registry | None = None  # HOST:PORT/REPO
     channel: Ident | None = None
     state_dir: AbsPath = "/var/lib/stackbuild"
