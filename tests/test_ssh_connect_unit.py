@@ -102,7 +102,8 @@ def test_each_way_of_failing_to_connect_says_what_to_do(tmp_path: Path, key: par
         "(IdentityFile in ~/.ssh/config) or the agent")
     for err, why in [(TimeoutError("timed out"), "timed out"),
                      (OSError(113, "No route to host"), "[Errno 113] No route to host"),
-                     (paramiko.SSHException("Error reading SSH protocol banner"), "Error reading SSH protocol banner")]:
+                     (paramiko.SSHException("Error reading SSH protocol banner"), "Error reading SSH protocol banner"),
+                     (EOFError(), "EOFError")]:  # an error without a message is named by its type
         assert said(err) == (f"SSH to root@gpu1:2222: cannot connect within 5s (2 attempts): {why}; "
                              "check that the host is up and sshd listens on that port")
     assert said(InputError("--known-hosts x: not a readable known_hosts file")) is None  # raised as it is

@@ -178,7 +178,7 @@ class FabricRemote:
         except (OSError, EOFError, _paramiko_errors()) as err:
             raise ConnectionLost(
                 f"SSH connection to {self.address} lost during {what or 'a remote command'}: "
-                f"{err or type(err).__name__}; re-run the same command: every step converges",
+                f"{str(err) or type(err).__name__}; re-run the same command: every step converges",
                 command=cmd,
             ) from err
         out = RemoteResult(cmd, int(res.exited), res.stdout, res.stderr)
@@ -404,7 +404,7 @@ def connect_error(err: BaseException, target: str, known: Path, opts: SshOptions
                           "(IdentityFile in ~/.ssh/config) or the agent")
     if isinstance(err, (*transient_errors(), OSError, paramiko.SSHException)):
         return InfraError(f"SSH to {target}: cannot connect within {opts.connect_timeout_s:.0f}s "
-                          f"({opts.connect_attempts} attempts): {err or type(err).__name__}; "
+                          f"({opts.connect_attempts} attempts): {str(err) or type(err).__name__}; "
                           "check that the host is up and sshd listens on that port")
     return None
 
