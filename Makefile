@@ -18,7 +18,7 @@ test: infra install lint
 	STACKBUILD_FUZZ=full $(PY) -m pytest -m "integration or not integration" -q -n 5 --dist loadgroup
 
 unit: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 lint: install
 	$(PY) -m ruff check stackbuild tests bench

@@ -68,9 +68,12 @@ def test_only_a_transient_error_is_retried_and_only_connect_attempts_times() -> 
         calls.append(1)
         raise ConnectionRefusedError("refused")
 
+    slept: list[float] = []
+    fn = retrying(refused, SshOptions(connect_attempts=2))
+    fn.retry.sleep = slept.append  # type: ignore[attr-defined]  # tenacity's hook: the wait, not spent
     with pytest.raises(ConnectionRefusedError):
-        retrying(refused, SshOptions(connect_attempts=2))()
-    assert len(calls) == 2
+        fn()
+    assert (len(calls), slept) == (2, [1.0])  # one wait of 1 s between the two attempts
     calls.clear()
 
     def bad_auth() -> None:
