@@ -19,10 +19,11 @@ PER_TEST = True  # each test starts its own simulators
 SPEED = "20"
 # C=32: the busy part sends 32 at once; prompts of 400 tokens: the long part's, past the
 # long-context fault's 300; 32 tokens out keep a gate at ~4 s. The throughput bar is wide
-# open (may lose 90%): these candidates are as fast as the incumbent and three short runs on
-# a busy machine spread wide; agreement alone must decide.
+# open (may lose 99%): these candidates are as fast as the incumbent, but runs this short on a
+# busy machine spread wide (under the suite's load three read -98%..+2700% for equal builds,
+# short of a 90% bar), so up to 5 runs; agreement alone must decide.
 GATE = ["--concurrency", "32", "--input-len", "400", "--output-len", "32", "--runs", "3",
-        "--max-runs", "3", "--warmup", "1", "--tolerance", "90", "--no-progress"]
+        "--max-runs", "5", "--warmup", "1", "--tolerance", "99", "--no-progress"]
 
 
 def _gate(cand: str, tmp_path: Path, *against: str) -> tuple[int, dict[str, Any]]:
