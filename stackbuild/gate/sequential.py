@@ -30,8 +30,9 @@ then the session-to-session drift (a standard deviation on the log scale) is add
 variance as a known component.
 
 On a swap the incumbent is measured right before it is stopped, in mirror order (its run i
-i + 1/2 runs before the switch, the candidate's i + 1/2 after: decide.reference_order), and
-the paired statistic is `detrended`: the analysis of covariance of d_i on the pair's
+i + 1/2 runs before the switch, the candidate's i + 1/2 after: decide.reference_order); where
+the profile declares `within_gate_drift: linear` (decide.detrends; by default the paired
+statistic above) it is `detrended`: the analysis of covariance of d_i on the pair's
 separation (Cochran 1957, Biometrics 13:261-281), its intercept the difference with the two
 runs measured at once, on n - 2 degrees of freedom; a linear drift of the machine shared by
 both sides no longer reads as a difference. Its boundaries are sized on null paths of that
@@ -54,7 +55,8 @@ from typing import Literal
 
 import numpy as np
 
-from stackbuild.gate.stats import ar1_rows, t_isf, trimmed_rows
+from stackbuild.gate.nullsim import ar1_rows, trimmed_rows
+from stackbuild.gate.stats import t_isf
 
 Decision = Literal["pass", "fail", "undecided"]
 _NORMAL = statistics.NormalDist()
@@ -158,7 +160,8 @@ class Design:
     # 0: runs independent
     correlation: float = 0.0
     # paired runs of a swap, the incumbent's measured in mirror order right before the
-    # candidate's (decide.reference_order): the statistic is `detrended`
+    # candidate's (decide.reference_order), opted in by within_gate_drift: linear
+    # (decide.detrends): the statistic is `detrended`
     detrend: bool = False
 
     def looks(self) -> range:

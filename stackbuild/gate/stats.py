@@ -10,8 +10,6 @@ import random
 import statistics
 from collections.abc import Sequence
 
-import numpy as np
-
 from stackbuild.gate.result import Percentiles
 
 BOOTSTRAP_RESAMPLES = 4000
@@ -78,28 +76,6 @@ def allowed(bar: float, margin: float = 0.0) -> str:
     if bar < 1.0:
         return f"allowed -{(1 - bar) * 100:g}%"
     return f"required +{(bar - 1) * 100:g}%"
-
-
-def ar1_rows(rng: np.random.Generator, paths: int, n: int, rho: float) -> np.ndarray:
-    """Rows of n standard normal draws, each correlated rho with the one before (stationary
-    AR(1): the first draw of a row is N(0, 1), so is every later one)."""
-    z = rng.standard_normal((paths, n))
-    keep = math.sqrt(1.0 - rho * rho)
-    for k in range(1, n):
-        z[:, k] = rho * z[:, k - 1] + keep * z[:, k]
-    return z
-
-
-def trimmed_rows(xs: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's (n >= 2 values) mean trimmed of g values at each end and that mean's
-    variance from the winsorized variance (Tukey & McLaughlin 1963): `sequential.robust`
-    for many rows at once."""
-    n = xs.shape[1]
-    s = np.sort(xs, axis=1)
-    wins = s.copy()
-    wins[:, :g] = s[:, g:g + 1]
-    wins[:, n - g:] = s[:, n - g - 1:n - g]
-    return s[:, g:n - g].mean(axis=1), wins.var(axis=1, ddof=1) / (n * (1.0 - 2.0 * g / n) ** 2)
 
 
 # --- Student t (the sequential test's, stackbuild.gate.sequential) -----------------------------
