@@ -11,13 +11,14 @@ undeclared (the default), session_drift the default 1%, within_gate_drift the de
 (the plain paired statistic), but for drift_lin, which declares "linear".
 
 Cells (stackbuild/gate/simulate.py says where each figure comes from):
-  users    the users' C=1 spread, 5.4% a run, of which the prompts decide 5.2% (the same for
-           both sides on the same seeded prompts) and 1.5% is a side's own (assumed); their
+  users    the users' C=1 spread, 5.4% a run, of which the prompts decide 5.4% (the same for
+           both sides on the same seeded prompts) and 0.5% is a side's own (assumed:
+           simulate.USERS_RESIDUAL says how it was chosen); their
            real path, swap: the incumbent measured right before the swap (15 runs), the
            candidate's run i paired with its run i, 3 runs' drift between; drifting 0.1% a
            run; must not lose
   users3   their policy on their sweep: C=1 allowed -8%, C=30 and 250 must not lose; prompts
-           5.2%/sqrt(C) (acceptance averages over C streams), residual 1.5% at every level;
+           5.4%/sqrt(C) (acceptance averages over C streams), residual 0.5% at every level;
            the same swap
   sim      the simulator's spread over HTTP, measured, its runs' autocorrelation included
            (lag-1 0.4 at C=8, 0.04 at C=32); the Done-when gate of issue 19: builtin

@@ -192,12 +192,7 @@ class Design:
     def start(self, stored_runs: int = 0) -> Design:
         """This design looking only from the first run count where its boundary can be crossed
         (a t boundary at most REACHABLE_T), the alpha spent over the looks that remain."""
-        d = self
-        while d.first < d.last and d.df(d.first, stored_runs) >= 1 and \
-                _nominal_t(d, 0 if d.paired else stored_runs, min(d.alpha_pass, d.alpha_fail))[0] \
-                > REACHABLE_T:
-            d = replace(d, first=d.first + 1)
-        return d
+        return _start(self, stored_runs)
 
     def critical(self, n: int, stored_runs: int) -> tuple[float, float]:
         """(c_pass, c_fail): the t critical values at the look after n candidate runs."""
@@ -207,6 +202,17 @@ class Design:
                 _criticals(self, stored_runs, self.alpha_fail, -1)[k])
 
 
+@lru_cache(maxsize=512)  # a pure function of its arguments, asked for by every trial of the harness
+def _start(design: Design, stored_runs: int) -> Design:
+    d = design
+    while d.first < d.last and d.df(d.first, stored_runs) >= 1 and \
+            _nominal_t(d, 0 if d.paired else stored_runs, min(d.alpha_pass, d.alpha_fail))[0] \
+            > REACHABLE_T:
+        d = replace(d, first=d.first + 1)
+    return d
+
+
+@lru_cache(maxsize=512)  # every trial of the harness and every look of a gate asks again (Design.start)
 def _nominal_t(design: Design, stored_runs: int, alpha: float) -> tuple[float, ...]:
     levels = nominal_levels(design.fractions(stored_runs), alpha)
     return tuple(t_isf(max(p, 1e-300), max(1, design.df(n, stored_runs)))

@@ -196,7 +196,17 @@ class Ledger:
         row = self._db.execute("SELECT version FROM schema_version").fetchone()
         return int(row[0]) if row else 0
 
+    def _current(self) -> bool:
+        """Is the schema at this stackbuild's version already? (A read: opening a current ledger,
+        the common case, takes no write lock.)"""
+        try:
+            return self.schema_version == SCHEMA_VERSION
+        except sqlite3.OperationalError:  # no schema_version table yet: a new file
+            return False
+
     def _migrate(self, target: int = SCHEMA_VERSION) -> None:
+        if target == SCHEMA_VERSION and self._current():
+            return
         with self._write() as db:
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             # Read inside the lock: another process may have migrated meanwhile.

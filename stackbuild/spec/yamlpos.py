@@ -6,7 +6,9 @@ the composed node tree ourselves so every error can point into the file.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import yaml
@@ -84,7 +86,16 @@ class _Constructor(yaml.SafeLoader):
 
 
 def load_located(text: str, file: str) -> Located:
-    """Parse one YAML document; raise YamlProblem with a position on any error."""
+    """Parse one YAML document; raise YamlProblem with a position on any error.
+
+    A pure function of the text and the name: a command reads the same stack files several
+    times (its own, the stacks it extends, every stack `validate` checks), and the position-keeping
+    composer is pure Python, so a parse is kept and each caller gets its own copy to change."""
+    return copy.deepcopy(_load_located(text, file))
+
+
+@lru_cache(maxsize=64)
+def _load_located(text: str, file: str) -> Located:
     try:
         loader = _Constructor(text)
         try:
