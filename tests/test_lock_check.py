@@ -30,11 +30,11 @@ def test_every_shipped_lock_is_current(capsys: pytest.CaptureFixture[str]) -> No
     assert (rc, err) == (0, [])
     assert out.splitlines() == [
         "cuda12.8: up to date: stacks/locks/cuda12.8.txt, as of 2026-04-09T23:59:59Z",
-        "cuda13: up to date: stacks/locks/cuda13.txt, as of 2026-12-02T00:00:00Z",
+        "cuda13: up to date: stacks/locks/cuda13.txt, as of 2026-11-12T00:00:00Z",
         "sim: nothing to lock",
     ]
     rc, _, out = run_cli(capsys, "--root", str(ROOT), "lock", "--check", "cuda13", "--variant", "eagle3-topk1")
-    assert (rc, out) == (0, "cuda13-eagle3-topk1: up to date: stacks/locks/cuda13.txt, as of 2026-12-02T00:00:00Z\n")
+    assert (rc, out) == (0, "cuda13-eagle3-topk1: up to date: stacks/locks/cuda13.txt, as of 2026-11-12T00:00:00Z\n")
 
 
 def test_a_changed_input_makes_check_fail_and_name_the_command(
@@ -198,8 +198,8 @@ def test_a_hand_edited_pin_is_stale_in_check_and_validate(tmp_path: Path, capsys
     root = _shipped_copy(tmp_path)
     lock = root / "stacks" / "locks" / "cuda13.txt"
     text = lock.read_text()
-    assert "\nfilelock==4.3.2 \\\n" in text
-    lock.write_text(text.replace("\nfilelock==4.3.2 \\\n", "\nfilelock==4.3.1 \\\n"))
+    assert "\nfilelock==4.2.10 \\\n" in text
+    lock.write_text(text.replace("\nfilelock==4.2.10 \\\n", "\nfilelock==4.2.9 \\\n"))
     have = resolve.content_hash(lock.read_text())
     said = resolve.parse(text).content_hash
     assert said is not None

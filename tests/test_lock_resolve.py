@@ -52,7 +52,7 @@ def test_target_of_the_shipped_cuda13_stack() -> None:
         source_built=(),
         index_url="https://pypi.org/simple",
         extra_index_urls=(),
-        exclude_newer="2026-12-02T00:00:00Z",
+        exclude_newer="2026-11-12T00:00:00Z",
         constraints=("nvidia-cuda-nvcc<13.1", "nvidia-nvjitlink<13.1", "nvidia-cuda-crt<13.1", "nvidia-nvvm<13.1",
                      "nvidia-cuda-cccl<13.1"),
     )
