@@ -18,6 +18,7 @@ from stackbuild.effects.net import free_port
 from stackbuild.spec.lock.smg import LOCK_DIR
 
 pytestmark = pytest.mark.integration
+PER_TEST = True  # each demo has its own project, host container names and ports: two workers, not one
 
 
 GATEWAY_SUMMARY = re.compile(r"^demo: through the gateway during the rollouts: (\d+) request\(s\) sent through "
