@@ -167,11 +167,6 @@ class Fleet:
             assert f"| {rel} |" in row and "| active | starts |" in row, (rel, row)
 
 
-# The two longest tests form a second group: on another worker they start a fleet of their own (the module
-# fixture, per worker), so this module (250 s in one group) is not the suite's critical path.
-SECOND_FLEET = "fleet_integration_soak_and_resume"
-
-
 @pytest.fixture(scope="module")
 def fleet(sim_image: SimImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:  # noqa: F811
     from stackbuild.host import local
@@ -251,7 +246,6 @@ def test_unreachable_host_refuses_before_any_change(on_baseline: Fleet) -> None:
     assert f.last_rollout().outcome == "refused"  # type: ignore[attr-defined]
 
 
-@pytest.mark.xdist_group(SECOND_FLEET)
 def test_soak_regression_rolls_the_wave_back(on_baseline: Fleet) -> None:
     f = on_baseline
     r = f.rollout("dies", "--soak", "60")
@@ -272,7 +266,6 @@ def _candidate_runs(f: Fleet, i: int) -> bool:
         "ActiveState=active", f"FragmentPath=/run/systemd/system.control/{f.service(i)}.service"]
 
 
-@pytest.mark.xdist_group(SECOND_FLEET)
 def test_sigkill_while_a_candidate_runs_then_the_same_command_resumes(on_baseline: Fleet) -> None:
     f = on_baseline
     args = ["deploy", "fleettest", "--variant", "good2", "--fleet", "--inventory", str(f.inventory()),

@@ -288,9 +288,6 @@ def _completes(url: str) -> bool:
         return False
 
 
-# Its own group: with the canary test on one worker this module was the suite's longest (250 s); here it
-# sets up its own fleet (the module fixture, per worker) and rolls good2 out itself.
-@pytest.mark.xdist_group("gateway_fleet_take_over")
 def test_a_take_over_killed_then_rerun_fails_no_request_and_serves_no_ungated_build(gw_fleet: GatewayFleet) -> None:
     """Issue #29: a rollout SIGKILLed once the canary's candidate joined the gateway (the take-over under
     way: the incumbent still to be drained and stopped), then run again. An independent client streams
@@ -300,7 +297,7 @@ def test_a_take_over_killed_then_rerun_fails_no_request_and_serves_no_ungated_bu
     import time
 
     f = gw_fleet
-    base = f.rollout("good2")  # every host on good2 (already, where the first test ran on this worker)
+    base = f.rollout("good2")  # every host on good2 (already, after the first test)
     assert base.returncode == 0, base.stdout[-4000:] + base.stderr[-2000:]
     pool_file = f"/etc/stackbuild/{f.gw_service}.workers"
     before = set(pool_urls(f.hosts[0].sh(f"cat {pool_file}").stdout))
