@@ -227,13 +227,9 @@ def testhost(testhost_factory: Callable[[], TestHost]) -> Iterator[TestHost]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist `--dist loadgroup`: a module's tests stay on one worker, in order
     (their module fixtures hold a host or a project), unless the module sets
-    `PER_TEST = True` (tests that share nothing spread over the workers one by one) or a test names
-    its own group (`@pytest.mark.xdist_group(...)`: a long test that can set up its own module
-    fixtures on another worker, so one module is not the suite's critical path)."""
+    `PER_TEST = True` (tests that share nothing spread over the workers one by one)."""
     for item in items:
         module = getattr(item, "module", None)
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
         if module is not None and not getattr(module, "PER_TEST", False):
             item.add_marker(pytest.mark.xdist_group(module.__name__))
 
