@@ -128,8 +128,8 @@ CASES = [
     ),
     pytest.param(
         BASE + "gate:\n  profiles:\n    q:\n      within_gate_drift: quadratic\n",
-        "stacks/s.yaml:21:26: error: gate.profiles.q.within_gate_drift: Input should be 'none' or "
-        "'linear' (got 'quadratic') [type]",
+        "stacks/s.yaml:21:26: error: gate.profiles.q.within_gate_drift: Input should be 'none', "
+        "'linear' or 'auto' (got 'quadratic') [type]",
         id="gate-within-drift",
     ),
     pytest.param(

@@ -230,10 +230,12 @@ def _plan(ctx: click.Context, profile: Any, ledger: Path | None, *, baseline_fil
 @click.option("--decide-on", "decide_on", type=click.Choice(["levels", "traffic"]),
               help="what decides: each required level, or the traffic-weighted change "
                    "(needs --traffic or traffic: in the profile)")
-@click.option("--within-gate-drift", "within_gate_drift", type=click.Choice(["none", "linear"]),
-              help="linear: the machine may drift within the gate; a baseline measured right "
-                   "before a swap, in mirror order, is compared detrended (wider: equal builds "
-                   "pass less often); default none")
+@click.option("--within-gate-drift", "within_gate_drift",
+              type=click.Choice(["auto", "none", "linear"]),
+              help="how a baseline measured right before a swap, in mirror order, is compared: "
+                   "auto (default) plain unless the paired runs trend with time, then "
+                   "detrended; linear: always detrended (wider: equal builds pass less "
+                   "often); none: always plain")
 @click.option("--plan", "plan_only", is_flag=True,
               help="print the expected run counts and duration at the noise the ledger has "
                    "seen (--ledger, else the project's) and exit; measures nothing")

@@ -30,8 +30,15 @@ from stackbuild.spec.profile import GateProfile
 Take = Callable[[int], Awaitable[tuple[RunMetrics, RunMetrics | None]]]
 
 
+# the level of the slope test a swap's paired differences get under within_gate_drift "auto"
+# (bench/gate_calibration.py, 1000 trials a cell): at 5% a drift of 0.5% a run slipped past
+# the early looks (false pass 3.2%); at 10% the drift cell holds 1.9% / 1.4% and equal builds
+# of the users' swap pass 97.5% (users) and 96.5% (users3); at 20%, 95.6% and 92.0%
+TREND_TEST = 0.1
+
+
 def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False,
-               mirrored: bool = False) -> Design:
+               mirrored: bool = False, gap: int = 0) -> Design:
     """The sequential design of a level: looks from `runs` (or the first run count where a
     boundary can be crossed, Design.start) to `max_runs`, the candidate's run i paired with the
     incumbent's run i on the same seeded prompts, live (`paired`: measured beside it, in ABBA
@@ -41,7 +48,7 @@ def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False,
     test, Berger 1982, Technometrics 24:295), the false-fail alpha split over the required
     levels (any one failing fails the gate: Bonferroni). Where the profile declares
     `within_gate_drift: linear`, a fresh baseline `mirrored` (measured in `reference_order`,
-    right before a swap) is compared by the detrended statistic (sequential.detrended): a
+    right before a swap) is compared by the detrended statistic (trend.detrended): a
     linear drift of the machine over the swap is removed, at about twice the standard error.
     By default ("none") it is compared plain, as any paired baseline."""
     wl = profile.workload()
@@ -52,7 +59,10 @@ def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False,
                   drift=0.0 if paired or fresh else profile.session_drift,
                   correlation=profile.run_correlation,
                   detrend=detrends(profile, paired=paired, fresh=fresh,
-                                   mirrored=mirrored)).start()
+                                   mirrored=mirrored),
+                  trend_test=TREND_TEST if profile.within_gate_drift == "auto" and fresh
+                  and mirrored and not paired else 0.0,
+                  gap=gap if fresh and mirrored and not paired else 0).start()
 
 
 def detrends(profile: GateProfile, *, paired: bool, fresh: bool, mirrored: bool) -> bool:
@@ -66,8 +76,8 @@ def reference_order(n: int) -> list[int]:
     """The run indices (prompt sets) of a reference measurement of n runs, in the order they are
     measured: the last first. The candidate's run i follows the swap in index order, so each
     pair (the two sides' run i) straddles the switch symmetrically, i + 1/2 runs either side
-    (sequential.mirror_separations), and a drift's linear part is told apart from the
-    difference (sequential.detrended)."""
+    (trend.mirror_separations), and a drift's linear part is told apart from the
+    difference (trend.detrended)."""
     return list(range(n - 1, -1, -1))
 
 
@@ -76,6 +86,19 @@ def mirrored(runs: Sequence[RunMetrics]) -> bool:
     before the one of the index below it. Runs stored before start times were kept: no."""
     starts = [r.started for r in runs if r.started is not None]
     return len(starts) == len(runs) >= 2 and all(a > b for a, b in pairwise(starts))
+
+
+def swap_gap(runs: Sequence[RunMetrics], now: float) -> int:
+    """The runs' time between a mirrored reference's last run (index 0, measured last) ending
+    and `now`, the candidate's first run starting: the swap's restart, in whole runs of the
+    reference's mean duration (sequential.Design.gap). 0 without start times."""
+    first = next((r for r in runs if r.index == 0), None)
+    if first is None or first.started is None:
+        return 0
+    mean = sum(r.duration_s for r in runs) / len(runs)
+    if mean <= 0:
+        return 0
+    return max(0, round((now - first.started - first.duration_s) / mean))
 
 
 def level_summary(concurrency: int, runs: list[RunMetrics]) -> LevelResult:

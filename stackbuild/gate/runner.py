@@ -26,6 +26,7 @@ from stackbuild.gate.decide import (
     mirrored,
     overall,
     run_level,
+    swap_gap,
 )
 from stackbuild.gate.probe import run_probe
 from stackbuild.gate.result import (
@@ -185,7 +186,8 @@ async def _run_level(
     # when the profile says within_gate_drift: linear (decide.detrends)
     kept = sorted(stored.runs, key=lambda r: r.index) if stored is not None else []
     stored_runs = [r.output_tok_s for r in kept] if stored is not None else None
-    design = design_for(profile, paired=inc_url is not None, fresh=fresh, mirrored=mirrored(kept))
+    design = design_for(profile, paired=inc_url is not None, fresh=fresh, mirrored=mirrored(kept),
+                        gap=swap_gap(kept, time.time()))
     return await run_level(c, take, profile, design, stored_runs, done, live=inc_url is not None)
 
 

@@ -57,6 +57,7 @@ import numpy as np
 
 from stackbuild.gate.nullsim import ar1_rows, trimmed_rows
 from stackbuild.gate.stats import t_isf
+from stackbuild.gate.trend import detrended, detrended_rows, mirror_separations, trends
 
 Decision = Literal["pass", "fail", "undecided"]
 _NORMAL = statistics.NormalDist()
@@ -163,6 +164,13 @@ class Design:
     # candidate's (decide.reference_order), opted in by within_gate_drift: linear
     # (decide.detrends): the statistic is `detrended`
     detrend: bool = False
+    # within_gate_drift "auto" (the default) on such a swap: the plain statistic, unless the
+    # paired differences trend with their separation (the slope's two-sided t test at this
+    # level, Bancroft 1944's preliminary test): then the detrended one, on its own boundary
+    trend_test: float = 0.0
+    # runs' time of restart between the incumbent's last run and the candidate's first (the
+    # swap's gap): the pairs' separations include it, so a drift through it is extrapolated
+    gap: int = 0
 
     def looks(self) -> range:
         return range(self.first, self.last + 1)
@@ -255,37 +263,6 @@ def robust(xs: Sequence[float]) -> tuple[float, float, int]:
     return est, var, n - 2 * g - 1
 
 
-@lru_cache(maxsize=64)
-def mirror_separations(n: int) -> tuple[float, ...]:
-    """How far apart in runs the two sides' run i are, halved, when the incumbent's runs were
-    measured in mirror order right before the candidate's (decide.reference_order): the
-    incumbent's run i (i + 1/2) runs before the switch, the candidate's i + 1/2 after it (the
-    restart between not counted)."""
-    return tuple(i + 0.5 for i in range(n))
-
-
-def detrended(ds: Sequence[float], at: Sequence[float]) -> tuple[float, float, int]:
-    """(the mean difference at separation 0, its variance, degrees of freedom) of paired
-    differences `ds`, the two runs of pair i `at[i]` apart in time.
-
-    The analysis of covariance of the paired log ratio on time (Cochran 1957, Biometrics
-    13:261-281): d_i = mu + beta at_i + e_i, least squares. A linear trend shared by both
-    sides moves pair i by beta at_i; mu, the intercept, is the difference with the two runs
-    measured at once. Var(mu) = s^2 (1/n + mean(at)^2 / Sxx), s^2 the residual variance on
-    n - 2 degrees of freedom (the slope costs one). Below 3 pairs: no variance (nan).
-    """
-    n = len(ds)
-    if n < 3:
-        return (sum(ds) / n if n else 0.0), math.nan, max(0, n - 2)
-    mx, my = sum(at) / n, sum(ds) / n
-    cx = [x - mx for x in at]
-    sxx = sum(c * c for c in cx)
-    sxy = sum(c * y for c, y in zip(cx, ds, strict=True))  # = sum (x - mx)(y - my)
-    slope = sxy / sxx
-    rss = max(0.0, sum((y - my) * (y - my) for y in ds) - slope * sxy)
-    return my - slope * mx, rss / (n - 2) * (1.0 / n + mx * mx / sxx), n - 2
-
-
 def _null_draws(paired: bool, last: int, stored_runs: int, rho: float, seed: str) -> tuple[np.ndarray, np.ndarray]:
     """The seeded null simulation's runs: (CALIBRATION_PATHS x last candidate runs, or paired
     differences; CALIBRATION_PATHS x max(1, stored_runs) stored runs, zeros when paired)."""
@@ -295,21 +272,9 @@ def _null_draws(paired: bool, last: int, stored_runs: int, rho: float, seed: str
     return xs, (np.zeros((CALIBRATION_PATHS, m)) if paired else ar1_rows(rng, CALIBRATION_PATHS, m, rho))
 
 
-def _detrended_rows(ds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`detrended` of each row (n >= 3 pairs at `mirror_separations(n)`), for many rows at once."""
-    n = ds.shape[1]
-    at = np.array(mirror_separations(n))
-    mx, cx = at.mean(), at - at.mean()
-    sxx, my = float(cx @ cx), ds.mean(axis=1)
-    sxy = ds @ cx
-    slope = sxy / sxx
-    rss = np.maximum(0.0, ((ds - my[:, None]) ** 2).sum(axis=1) - slope * sxy)
-    return my - slope * mx, rss / (n - 2) * (1.0 / n + mx * mx / sxx)
-
-
 @lru_cache(maxsize=16)
 def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: float = 0.0,
-                detrend: bool = False) -> np.ndarray:
+                detrend: bool = False, gap: int = 0) -> np.ndarray:
     """The statistic at each look (columns n = first..last) of seeded simulated runs under the
     null (the true ratio on the bar), for paired or stored runs at equal spreads, the runs of
     each side autocorrelated rho (the paired differences then are too); `detrend`: of the
@@ -319,7 +284,7 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: floa
     (paired: `robust` or `detrended` of the differences; stored: Yuen's difference of the two
     sides' `robust`, one stored run taken at the candidate's spread), for all paths at once
     (tests/test_gate_stats.py holds the two equal)."""
-    seed = f"{first}:{last}:{stored_runs}:{paired}:{rho}" + (":trend" if detrend else "")
+    seed = f"{first}:{last}:{stored_runs}:{paired}:{rho}" + (f":trend{gap or ''}" if detrend else "")
     xs, base = _null_draws(paired, last, stored_runs, rho, seed)
     m = base.shape[1]
     mi, vi = trimmed_rows(base, trim_count(m)) if m >= 2 and not paired else (base[:, 0], None)
@@ -328,7 +293,7 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: floa
         if n < (3 if detrend else 2):
             cols.append(np.zeros(len(xs)))
             continue
-        mc, vc = _detrended_rows(xs[:, :n]) if detrend else trimmed_rows(xs[:, :n], trim_count(n))
+        mc, vc = detrended_rows(xs[:, :n], gap) if detrend else trimmed_rows(xs[:, :n], trim_count(n))
         se = np.sqrt(vc if paired else vc + (vc if vi is None else vi))
         with np.errstate(divide="ignore", invalid="ignore"):
             cols.append(np.where((se > 0) & np.isfinite(se), (mc - mi) / se, 0.0))
@@ -339,7 +304,8 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: floa
 
 def _lambda(design: Design, stored_runs: int, alpha: float, side: int,
             nominal: tuple[float, ...], rho: float) -> float:
-    paths = _null_paths(design.paired, design.first, design.last, stored_runs, rho, design.detrend)
+    paths = _null_paths(design.paired, design.first, design.last, stored_runs, rho, design.detrend,
+                        design.gap if design.detrend else 0)
     worst = np.sort((side * paths / np.array(nominal)).max(axis=1))
     return float(worst[min(len(worst) - 1, math.ceil((1.0 - alpha) * len(worst)))])
 
@@ -388,6 +354,18 @@ def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
     return mean, (sum((x - mean) * (x - mean) for x in xs) / (n - 1) if n > 1 else 0.0)
 
 
+def resolved(design: Design, cand: Sequence[float], inc: Sequence[float]) -> Design:
+    """The design a look uses: a `trend_test` design becomes the detrended one where the paired
+    log differences trend with their separations, else the plain one."""
+    if not design.trend_test:
+        return design
+    n = min(len(cand), len(inc))
+    diffs = [math.log(a) - math.log(b) for a, b in zip(cand[:n], inc[:n], strict=True)]
+    if trends(diffs, mirror_separations(n, design.gap), design.trend_test):
+        return replace(design, trend_test=0.0, detrend=True, first=max(design.first, 3))
+    return replace(design, trend_test=0.0, gap=0)
+
+
 def statistic(cand: Sequence[float], inc: Sequence[float],
               design: Design) -> tuple[float, float, float]:
     """(estimate of mu, its standard error, degrees of freedom) from log tok/s in run order.
@@ -400,7 +378,8 @@ def statistic(cand: Sequence[float], inc: Sequence[float],
     if design.paired:
         n = min(len(cand), len(inc))
         diffs = [a - b for a, b in zip(cand[:n], inc[:n], strict=True)]
-        est, var, df = detrended(diffs, mirror_separations(n)) if design.detrend else robust(diffs)
+        est, var, df = (detrended(diffs, mirror_separations(n, design.gap)) if design.detrend
+                        else robust(diffs))
         se = math.sqrt(var + design.drift ** 2) if n >= 2 else math.nan
         return est, se, float(df)
     nc, ni = len(cand), len(inc)
@@ -433,6 +412,7 @@ def look(cand: Sequence[float], inc: Sequence[float], bar: float, design: Design
         raise ValueError("both sides need at least one run")
     if min(cand) <= 0 or min(inc) <= 0:
         raise ValueError("a run measured 0 tok/s")
+    design = resolved(design, cand, inc)
     est, se, df = estimate(cand, inc, design)
     ratio, edge = _exp(est), math.log(bar)
     if math.isnan(se) or df <= 0:

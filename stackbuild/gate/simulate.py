@@ -13,6 +13,8 @@ Noise model, on the log of a run's tok/s at level C (per side):
           state while the pair runs): this share of the variance
   walk    a slow drift of the machine within a session: a random walk, sd `walk` per run
   session a stored baseline's session offset: sd `session` (the drift between days)
+  trend   a linear drift of the machine: `trend` a run (log scale), up or down (each trial
+          draws the sign), going on through a swap's restart too
   prompt  the part of a run's tok/s its prompts decide (speculative acceptance depends on the
           content): sd `prompt[C]`, the same for the incumbent's and the candidate's run i
           (both get run i's seeded prompts), on top of each side's own `sigma`
@@ -46,6 +48,7 @@ class Noise:
     shared: float = 0.0
     walk: float = 0.0
     session: float = 0.0
+    trend: float = 0.0
     about: str = ""
     prompt: Mapping[int, float] = field(default_factory=dict)
     tails: float = 0.0
@@ -114,6 +117,7 @@ class _Session:
     offset: float = 0.0
     walk: float = 0.0
     state: dict[str, float] = field(default_factory=dict)
+    slope: float = 0.0  # the linear drift per run, this session's sign
 
     def _own(self, sd: float) -> float:
         df = self.noise.tails
@@ -125,7 +129,7 @@ class _Session:
     def draw(self, c: int, mean: float, common: float, side: str) -> float:
         """One run's tok/s on `side`; the machine drifts half a step before each run."""
         n = self.noise
-        self.walk += self.rng.gauss(0.0, n.walk / math.sqrt(2.0))
+        self.walk += self.rng.gauss(0.0, n.walk / math.sqrt(2.0)) + self.slope
         own = math.sqrt(max(0.0, 1.0 - n.shared)) * n.at(c)
         rho = n.rho(c)
         prev = self.state.get(f"{side}{c}", self._own(own))
@@ -166,8 +170,10 @@ def trial(profile: GateProfile, noise: Noise, ratios: Mapping[int, float], *, st
     (the restart); else it runs live, in alternation with the candidate. Run i of either side
     gets run i's prompts."""
     now = _Session(noise, rng)
+    if noise.trend:  # (only then: the other models keep their random streams)
+        now.slope = noise.trend * rng.choice((-1.0, 1.0))
     then = now if fresh else _Session(noise, rng, offset=rng.gauss(0.0, noise.session))
-    design = design_for(profile, paired=not stored, fresh=fresh, mirrored=fresh)
+    design = design_for(profile, paired=not stored, fresh=fresh, mirrored=fresh, gap=gap)
     levels = []
     last = max(stored_runs, profile.workload().max_runs)
     for c in profile.concurrency:

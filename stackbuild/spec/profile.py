@@ -149,13 +149,14 @@ class GateProfile(BaseModel):
     # a stored baseline finished at most this long ago is of this session (the deploy measures
     # the incumbent right before a swap stops it): paired by run index with no session drift
     fresh_baseline_s: float = Field(default=3600.0, ge=0)
-    # how the level's runs may move within one gate. "none" (default): they scatter about a
-    # level, and a swap compares the paired log ratios as they are. "linear": the machine may
-    # drift linearly over the gate, so a swap against a fresh baseline measured in mirror
-    # order (decide.reference_order) is compared detrended (sequential.detrended), the drift's
-    # linear part removed; its standard error is about twice the plain one (an equal build
-    # passes less often within max_runs: docs/gate.md). A live incumbent (ABBA) needs neither
-    within_gate_drift: Literal["none", "linear"] = "none"
+    # how the level's runs may move within one gate, for a swap against a fresh baseline
+    # measured in mirror order (decide.reference_order). "auto" (default): compared plain
+    # unless the paired log ratios trend with the pairs' separation in time (the slope's t
+    # test, decide.TREND_TEST), then detrended. "none": always plain (the runs scatter about
+    # a level). "linear": always detrended (trend.detrended), the drift's linear part
+    # removed at about twice the plain standard error (an equal build passes less often
+    # within max_runs: docs/gate.md). A live incumbent (ABBA) needs none of them
+    within_gate_drift: Literal["none", "linear", "auto"] = "auto"
     # the largest lag-1 autocorrelation of a server's successive runs the boundaries are sized
     # for (the test estimates it from the runs and widens its interval by it; 0.4: the
     # simulator's runs at C=8); `gate --plan` shows what the ledger's runs had

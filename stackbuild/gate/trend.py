@@ -1,0 +1,83 @@
+"""A swap's paired runs against time: their separations, the detrended difference, the slope test.
+
+On a swap the incumbent is measured right before it is stopped, in mirror order
+(decide.reference_order), and the candidate after the restart in index order: the two sides'
+run i are `mirror_separations` apart. A machine that drifts linearly moves pair i by the
+drift times that separation; `detrended` takes the drift out, `trends` says whether there is
+one to take out (sequential.resolved uses it under within_gate_drift: auto).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from stackbuild.gate.stats import t_isf
+
+
+@lru_cache(maxsize=64)
+def mirror_separations(n: int, gap: int = 0) -> tuple[float, ...]:
+    """How far apart in runs the two sides' run i are, halved, when the incumbent's runs were
+    measured in mirror order right before the candidate's (decide.reference_order): the
+    incumbent's run i (i + 1/2) runs before the switch, the candidate's i + 1/2 after it, and
+    the `gap` runs' time of the restart between (decide.swap_gap) split between the two."""
+    return tuple(i + 0.5 + gap / 2.0 for i in range(n))
+
+
+def _fit(ds: Sequence[float], at: Sequence[float]) -> tuple[float, float, float, float, float]:
+    """Least squares of ds on at: (mean at, mean ds, Sxx, slope, residual sum of squares)."""
+    n = len(ds)
+    mx, my = sum(at) / n, sum(ds) / n
+    cx = [x - mx for x in at]
+    sxx = sum(c * c for c in cx)
+    sxy = sum(c * y for c, y in zip(cx, ds, strict=True))  # = sum (x - mx)(y - my)
+    slope = sxy / sxx
+    return mx, my, sxx, slope, max(0.0, sum((y - my) * (y - my) for y in ds) - slope * sxy)
+
+
+def detrended(ds: Sequence[float], at: Sequence[float]) -> tuple[float, float, int]:
+    """(the mean difference at separation 0, its variance, degrees of freedom) of paired
+    differences `ds`, the two runs of pair i `at[i]` apart in time.
+
+    The analysis of covariance of the paired log ratio on time (Cochran 1957, Biometrics
+    13:261-281): d_i = mu + beta at_i + e_i, least squares. A linear trend shared by both
+    sides moves pair i by beta at_i; mu, the intercept, is the difference with the two runs
+    measured at once. Var(mu) = s^2 (1/n + mean(at)^2 / Sxx), s^2 the residual variance on
+    n - 2 degrees of freedom (the slope costs one). Below 3 pairs: no variance (nan).
+    """
+    n = len(ds)
+    if n < 3:
+        return (sum(ds) / n if n else 0.0), math.nan, max(0, n - 2)
+    mx, my, sxx, slope, rss = _fit(ds, at)
+    return my - slope * mx, rss / (n - 2) * (1.0 / n + mx * mx / sxx), n - 2
+
+
+def detrended_rows(ds: np.ndarray, gap: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """`detrended` of each row (n >= 3 pairs at `mirror_separations(n, gap)`), for many rows at
+    once (the null paths that size its boundaries: sequential._null_paths)."""
+    n = ds.shape[1]
+    at = np.array(mirror_separations(n, gap))
+    mx, cx = at.mean(), at - at.mean()
+    sxx, my = float(cx @ cx), ds.mean(axis=1)
+    sxy = ds @ cx
+    slope = sxy / sxx
+    rss = np.maximum(0.0, ((ds - my[:, None]) ** 2).sum(axis=1) - slope * sxy)
+    return my - slope * mx, rss / (n - 2) * (1.0 / n + mx * mx / sxx)
+
+
+def trends(ds: Sequence[float], at: Sequence[float], level: float) -> bool:
+    """Whether paired differences `ds` trend with their separations `at`: the least-squares
+    slope's two-sided t test on n - 2 degrees of freedom rejects no slope at `level` (a
+    preliminary test in Bancroft's sense, 1944, Ann. Math. Statist. 15:190-204: the comparison
+    that follows is sized for it by bench/gate_calibration.py, not assumed). Below 4 pairs:
+    no (one residual degree of freedom tells nothing)."""
+    n = len(ds)
+    if n < 4 or level <= 0:
+        return False
+    _, _, sxx, slope, rss = _fit(ds, at)
+    if rss <= 0.0:
+        return slope != 0.0
+    return abs(slope) / math.sqrt(rss / (n - 2) / sxx) > t_isf(level / 2.0, n - 2)
