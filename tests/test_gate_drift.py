@@ -144,6 +144,25 @@ def test_a_look_detrends_only_where_the_pairs_trend() -> None:
     assert plain == pytest.approx(0.01 * sum(at) / 8, abs=0.002)  # read as a 3.8% difference
 
 
+def test_a_reference_that_drifts_detrends_from_the_first_look() -> None:
+    """Four pairs cannot show a slope at 5% (t on 2 df past 4.3), but the incumbent's fifteen
+    runs measured before them can: measured in mirror order, its run i (i + 1/2) runs before
+    the switch, so on a machine slowing down 0.5% a run its index 0, measured last, is the
+    slowest."""
+    auto = Design(paired=True, first=4, last=15, trend_test=0.1, gap=3)
+    wobble = (0.002, -0.003, 0.001, 0.0, -0.002, 0.003, -0.001, 0.002, 0.0, -0.002, 0.001,
+              -0.001, 0.003, -0.003, 0.0)
+    reference = [100.0 * math.exp(0.005 * (i + 0.5) + e) for i, e in enumerate(wobble)]
+    cand = [100.0 * math.exp(e) for e in (0.02, -0.03, 0.025, -0.01)]  # pairs: no clear slope
+    n = len(cand)
+    diffs = [math.log(a / b) for a, b in zip(cand, reference[:n], strict=True)]
+    assert not trends(diffs, mirror_separations(n, 3), 0.05)
+    assert trends([math.log(x) for x in reference], mirror_separations(15), 0.05)
+    assert resolved(auto, cand, reference).detrend
+    flat = [100.0 * math.exp(e) for e in wobble]
+    assert not resolved(auto, cand, flat).detrend
+
+
 def test_the_swap_gap_is_read_from_the_reference_runs_start_times() -> None:
     runs = [_run(0, 100.0), _run(1, 88.0), _run(2, 76.0)]
     runs = [r.model_copy(update={"duration_s": d}) for r, d in zip(runs, (10.0, 12.0, 8.0), strict=True)]
