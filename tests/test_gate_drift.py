@@ -241,5 +241,5 @@ def test_the_drift_cell_holds_its_errors_as_a_user_leaves_the_profile_seeded() -
 
 def test_the_opted_in_walk_cell_holds_its_errors_seeded() -> None:
     """The walk_lin cell (a random walk, within_gate_drift: linear), 100 seeded trials; the
-    walk cell left as it is reads about 11% a side (docs/gate.md)."""
+    walk cell left as it is reads about 8% a side (docs/gate.md)."""
     assert _cell("walk_lin", 100, 26) == "linear"
