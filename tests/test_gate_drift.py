@@ -3,8 +3,9 @@
 The incumbent's runs are measured right before the swap in mirror order (the last prompt set
 first: decide.reference_order), so the two sides' run i straddle the switch i + 1/2 runs
 either side, and the restart between (decide.swap_gap) adds to every pair's separation. By
-default (`within_gate_drift: auto`) the paired log ratio is compared plain unless it trends
-with the separation (the slope's t test, trend.trends), then detrended
+default (`within_gate_drift: auto`) the paired log ratio is compared plain unless the
+incumbent's reference or the pairs trend with time (slope t tests, trend.trends), then
+detrended
 (trend.detrended, the analysis of covariance on the pair's separation, Cochran 1957): a
 linear drift shared by both sides is removed, at about twice the standard error.
 `linear` always detrends, `none` never. The error rates under a linear drift and a random
