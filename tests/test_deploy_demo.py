@@ -75,11 +75,15 @@ def test_demo_runs_the_whole_pipeline(tmp_path: Path) -> None:
     # eagle3-topk1-v2 under the sim stack's policy (C=1 may lose 8%, C>=2 must not lose), and the table
     # says why. By the model it is 6.5% slower at C=1, 1.5 points inside the bar: promoted on an idle
     # machine, but with the suite on two CPUs one CI run measured -7.1% (CI -8.5%..-5.6%) after 16
-    # runs: inconclusive, which the gate must then say, never a failure
+    # runs: inconclusive, which the gate must then say, never a failure. C=8 (55% faster by the
+    # model) passes on an idle machine; beside two busy loops a fresh-clone CI read it
+    # inconclusive once: the same rule, each level pass or inconclusive, the exit code theirs
     codes = re.search(r"^demo: exit codes: baseline=0, eagle3-topk1-v2=([03]), ", out, re.M)
     assert codes, out[-3000:]
-    c1 = "PASS" if codes.group(1) == "0" else "INCONCLUSIVE"
-    assert f"allowed -8%: {c1})" in table and "must not lose (margin 2%): PASS)" in table
+    rows = "\n".join(ln for ln in table.splitlines() if "eagle3-topk1-v2" in ln)
+    said = re.findall(r"(?:allowed -8%|must not lose \(margin 2%\)): ([A-Z]+)\)", rows)
+    assert len(said) >= 2 and set(said) <= {"PASS", "INCONCLUSIVE"}, table
+    assert (codes.group(1) == "0") == (set(said) == {"PASS"}), table
     gone = subprocess.run(["/usr/bin/docker", "inspect", name], capture_output=True)
     assert gone.returncode != 0, "--remove-host left the host container behind"
 

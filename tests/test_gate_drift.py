@@ -3,9 +3,8 @@
 The incumbent's runs are measured right before the swap in mirror order (the last prompt set
 first: decide.reference_order), so the two sides' run i straddle the switch i + 1/2 runs
 either side, and the restart between (decide.swap_gap) adds to every pair's separation. By
-default (`within_gate_drift: auto`) the paired log ratio is compared plain unless the
-incumbent's reference or the pairs trend with time (slope t tests, trend.trends), then
-detrended
+default (`within_gate_drift: auto`) the paired log ratio is compared plain unless it trends
+with the separation (the slope's t test, trend.trends), then detrended
 (trend.detrended, the analysis of covariance on the pair's separation, Cochran 1957): a
 linear drift shared by both sides is removed, at about twice the standard error.
 `linear` always detrends, `none` never. The error rates under a linear drift and a random
@@ -145,23 +144,21 @@ def test_a_look_detrends_only_where_the_pairs_trend() -> None:
     assert plain == pytest.approx(0.01 * sum(at) / 8, abs=0.002)  # read as a 3.8% difference
 
 
-def test_a_reference_that_drifts_detrends_from_the_first_look() -> None:
-    """Four pairs cannot show a slope at 5% (t on 2 df past 4.3), but the incumbent's fifteen
-    runs measured before them can: measured in mirror order, its run i (i + 1/2) runs before
-    the switch, so on a machine slowing down 0.5% a run its index 0, measured last, is the
-    slowest."""
-    auto = Design(paired=True, first=4, last=15, trend_test=0.1, gap=3)
-    wobble = (0.002, -0.003, 0.001, 0.0, -0.002, 0.003, -0.001, 0.002, 0.0, -0.002, 0.001,
-              -0.001, 0.003, -0.003, 0.0)
-    reference = [100.0 * math.exp(0.005 * (i + 0.5) + e) for i, e in enumerate(wobble)]
-    cand = [100.0 * math.exp(e) for e in (0.02, -0.03, 0.025, -0.01)]  # pairs: no clear slope
-    n = len(cand)
-    diffs = [math.log(a / b) for a, b in zip(cand, reference[:n], strict=True)]
-    assert not trends(diffs, mirror_separations(n, 3), 0.05)
-    assert trends([math.log(x) for x in reference], mirror_separations(15), 0.05)
-    assert resolved(auto, cand, reference).detrend
-    flat = [100.0 * math.exp(e) for e in wobble]
-    assert not resolved(auto, cand, flat).detrend
+def test_a_reference_measured_on_a_server_just_started_is_no_drift() -> None:
+    """The runs of a fresh-clone CI (tests/test_deploy_switch.py, side-by-side, idle machine): the
+    reference was measured right after its server started, its first-measured runs (the high
+    indices, in mirror order) slow from the warm-up; the candidate's runs are flat. Testing the
+    reference on its own for a trend read that warm-up as a drift of the machine, and the
+    detrended comparison, extrapolated over the restart, read the equal build 25% slower
+    (-58%..+32%): inconclusive. The pairs show it only at 9 runs, where the plain comparison
+    had long decided."""
+    inc = [1047.0, 1021.0, 1059.0, 1067.0, 978.0, 1047.0, 1063.0, 918.0, 905.0, 760.0]
+    cand = [1074.0, 1080.0, 1066.0, 1090.0, 1103.0, 1082.0, 1088.0, 995.0, 1089.0, 1111.0]
+    auto = Design(paired=True, first=3, last=10, trend_test=TREND_TEST, gap=30)
+    assert [resolved(auto, cand[:n], inc).detrend for n in range(3, 11)] == [False] * 6 + [True] * 2
+    plain = resolved(auto, cand[:5], inc)
+    est, _, _ = statistic([math.log(x) for x in cand[:5]], [math.log(x) for x in inc], plain)
+    assert math.exp(est) == pytest.approx(1.047, abs=0.001)  # the mean of the 5 log ratios
 
 
 def test_the_swap_gap_is_read_from_the_reference_runs_start_times() -> None:

@@ -73,9 +73,8 @@ def test_plan_text_says_runs_and_duration() -> None:
 def test_plan_says_when_a_swap_is_compared_detrended(capsys: pytest.CaptureFixture[str]) -> None:
     blind = noise_from([], PROF)
     said = "compared detrended (within_gate_drift: linear)"
-    auto = ("  compared plain unless the incumbent's reference or the paired runs trend with "
-            "time over the swap (slope tests at 5% each), then detrended (within_gate_drift: "
-            "auto)")
+    auto = ("  compared plain unless the paired runs trend with time over the swap (slope test "
+            "at 10%), then detrended (within_gate_drift: auto)")
     default = plan_text(PROF, blind, stored=True, trials=10)
     assert said not in default and auto in default.splitlines()  # the default: auto
     assert auto not in plan_text(PROF, blind, stored=False, trials=10)  # live: ABBA

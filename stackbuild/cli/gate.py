@@ -233,8 +233,7 @@ def _plan(ctx: click.Context, profile: Any, ledger: Path | None, *, baseline_fil
 @click.option("--within-gate-drift", "within_gate_drift",
               type=click.Choice(["auto", "none", "linear"]),
               help="how a baseline measured right before a swap, in mirror order, is compared: "
-                   "auto (default) plain unless the incumbent's reference or the paired runs "
-                   "trend with time, then "
+                   "auto (default) plain unless the paired runs trend with time, then "
                    "detrended; linear: always detrended (wider: equal builds pass less "
                    "often); none: always plain")
 @click.option("--plan", "plan_only", is_flag=True,

@@ -236,9 +236,8 @@ def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str
         lines.append("  compared detrended (within_gate_drift: linear): a linear drift over the "
                      "swap is removed, at a standard error about twice the plain one")
     elif stored and fresh and profile.within_gate_drift == "auto":
-        lines.append("  compared plain unless the incumbent's reference or the paired runs trend "
-                     f"with time over the swap (slope tests at {TREND_TEST / 2:.0%} each), then "
-                     "detrended (within_gate_drift: auto)")
+        lines.append("  compared plain unless the paired runs trend with time over the swap "
+                     f"(slope test at {TREND_TEST:.0%}), then detrended (within_gate_drift: auto)")
     if stored and fresh and undecidable(profile, stored=True, fresh=False):
         lines.append("  if the incumbent is not serving at the swap, its stored result of another "
                      "session is all there is, and then: " + str(undecidable(profile, stored=True,

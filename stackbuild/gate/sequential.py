@@ -355,20 +355,13 @@ def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
 
 
 def resolved(design: Design, cand: Sequence[float], inc: Sequence[float]) -> Design:
-    """The design a look uses: a `trend_test` design becomes the detrended one where the
-    machine is seen to drift, else the plain one. Two places show a drift, each tested at
-    half the level (Bonferroni): the incumbent's whole reference, measured before the
-    candidate's first run, its run i (i + 1/2) runs before the switch (in a few runs where the
-    prompts do not dominate a run: at the first look, where the pairs alone would still read
-    the drift as a difference), and the paired log differences against their separations."""
+    """The design a look uses: a `trend_test` design becomes the detrended one where the paired
+    log differences trend with their separations, else the plain one."""
     if not design.trend_test:
         return design
     n = min(len(cand), len(inc))
     diffs = [math.log(a) - math.log(b) for a, b in zip(cand[:n], inc[:n], strict=True)]
-    before = [math.log(b) for b in inc]
-    level = design.trend_test / 2.0
-    if trends(before, mirror_separations(len(before)), level) or \
-            trends(diffs, mirror_separations(n, design.gap), level):
+    if trends(diffs, mirror_separations(n, design.gap), design.trend_test):
         return replace(design, trend_test=0.0, detrend=True, first=max(design.first, 3))
     return replace(design, trend_test=0.0, gap=0)
 

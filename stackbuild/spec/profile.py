@@ -151,8 +151,8 @@ class GateProfile(BaseModel):
     fresh_baseline_s: float = Field(default=3600.0, ge=0)
     # how the level's runs may move within one gate, for a swap against a fresh baseline
     # measured in mirror order (decide.reference_order). "auto" (default): compared plain
-    # unless the incumbent's reference or the paired log ratios trend with time (slope t
-    # tests, decide.TREND_TEST), then detrended. "none": always plain (the runs scatter about
+    # unless the paired log ratios trend with the pairs' separation in time (the slope's t
+    # test, decide.TREND_TEST), then detrended. "none": always plain (the runs scatter about
     # a level). "linear": always detrended (trend.detrended), the drift's linear part
     # removed at about twice the plain standard error (an equal build passes less often
     # within max_runs: docs/gate.md). A live incumbent (ABBA) needs none of them
