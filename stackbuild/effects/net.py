@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import random
 import socket
+from pathlib import Path
+
+# the kernel's source ports for outgoing connections (Linux's default where it cannot be read)
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# how far below that range a free port is looked for
+_SPAN = 12000
+
+
+def ephemeral_low(path: Path = _EPHEMERAL) -> int:
+    """The lowest port the kernel hands out as an outgoing connection's source port."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now (the caller binds it soon after)."""
-    with socket.socket() as s:
+    """A TCP port on 127.0.0.1 nobody listens on right now (the caller binds it soon after),
+    below the kernel's ephemeral range: a port the kernel picks for bind(0) comes from that
+    range, and any outgoing connection (an HTTP client, ssh, docker) may take it as its source
+    port before the caller binds it (a fresh-clone CI refused a fleet host: "port 54955 is in
+    use by another process")."""
+    top = ephemeral_low()
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.randrange(max(1024, top - _SPAN), top)
+        if port_free(port):
+            return port
+    with socket.socket() as s:  # all taken: what the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
