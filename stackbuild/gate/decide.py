@@ -61,18 +61,30 @@ def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False,
                   alpha_fail=alpha / family,
                   drift=0.0 if paired or fresh else profile.session_drift,
                   correlation=profile.run_correlation,
-                  detrend=detrends(profile, paired=paired, fresh=fresh,
-                                   mirrored=mirrored),
-                  trend_test=TREND_TEST if profile.within_gate_drift == "auto" and fresh
-                  and mirrored and not paired else 0.0,
-                  gap=gap if fresh and mirrored and not paired else 0).start()
+                  detrend=detrends(profile, paired=paired, fresh=fresh, mirrored=mirrored),
+                  trend_test=TREND_TEST if tests_trend(profile, paired=paired, fresh=fresh,
+                                                       mirrored=mirrored) else 0.0,
+                  gap=gap if _swap(paired=paired, fresh=fresh, mirrored=mirrored) else 0).start()
+
+
+def _swap(*, paired: bool, fresh: bool, mirrored: bool) -> bool:
+    """A swap's baseline: fresh, measured in mirror order and not live (a live incumbent
+    alternates ABBA: a drift favours neither side)."""
+    return fresh and mirrored and not paired
 
 
 def detrends(profile: GateProfile, *, paired: bool, fresh: bool, mirrored: bool) -> bool:
-    """Whether a level is compared detrended: the profile declares a linear drift within the
-    gate (`within_gate_drift: linear`), and the baseline is fresh, measured in mirror order
-    and not live (a live incumbent alternates ABBA: a drift favours neither side)."""
-    return profile.within_gate_drift == "linear" and fresh and mirrored and not paired
+    """Whether a level is always compared detrended: a swap's baseline (`_swap`), the profile
+    declaring a linear drift within the gate (`within_gate_drift: linear`)."""
+    return profile.within_gate_drift == "linear" and _swap(paired=paired, fresh=fresh,
+                                                            mirrored=mirrored)
+
+
+def tests_trend(profile: GateProfile, *, paired: bool, fresh: bool, mirrored: bool) -> bool:
+    """Whether each look tests a swap's pairs for a trend first (`within_gate_drift: auto`,
+    sequential.resolved)."""
+    return profile.within_gate_drift == "auto" and _swap(paired=paired, fresh=fresh,
+                                                          mirrored=mirrored)
 
 
 def reference_order(n: int) -> list[int]:

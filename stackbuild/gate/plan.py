@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from stackbuild.gate import agreement
-from stackbuild.gate.decide import TREND_TEST, design_for, detrends
+from stackbuild.gate.decide import TREND_TEST, design_for, detrends, tests_trend
 from stackbuild.gate.result import GateResult
 from stackbuild.gate.simulate import Noise, trial
 from stackbuild.spec.profile import GateProfile
@@ -235,7 +235,7 @@ def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str
     if detrends(profile, paired=not stored, fresh=fresh, mirrored=stored):
         lines.append("  compared detrended (within_gate_drift: linear): a linear drift over the "
                      "swap is removed, at a standard error about twice the plain one")
-    elif stored and fresh and profile.within_gate_drift == "auto":
+    elif tests_trend(profile, paired=not stored, fresh=fresh, mirrored=stored):
         lines.append("  compared plain unless the paired runs trend with time over the swap "
                      f"(slope test at {TREND_TEST:.0%}), then detrended (within_gate_drift: auto)")
     if stored and fresh and undecidable(profile, stored=True, fresh=False):
