@@ -218,6 +218,10 @@ def test_summarize_failure_names_the_step_exit_code_and_cause() -> None:
     split = [*tail[:1], "#5 3.285 Building dependency tree...E\n", "#5 3.809 Reading state information...\n",
              "#5 3.820 : Unable to locate package nope\n", *tail[3:]]
     assert buildkit.summarize_failure(split) == "at [base 2/2] (exit code 100): E: Unable to locate package nope"
+    # or both writes on the progress line, the next progress line after it (another CI run)
+    joined = [*tail[:1], "#5 2.866 Building dependency tree...E: Unable to locate package nope\n",
+              "#5 3.467 \n", "#5 3.467 Reading state information...\n", *tail[3:]]
+    assert buildkit.summarize_failure(joined) == "at [base 2/2] (exit code 100): E: Unable to locate package nope"
 
 
 def test_one_cache_dir_for_builds_and_sglang_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -205,6 +205,9 @@ _EXIT_RE = re.compile(r"exit code: (\d+)")
 # package ..."); the letter goes back in front of its message
 _LETTER_LEFT_RE = re.compile(r"^(#(\d+) \d+\.\d+ .*\.\.\.)([EW])$")
 _MESSAGE_RE = re.compile(r"^(#(\d+) \d+\.\d+ ): (.*)$")
+# or both writes land on the open progress line ("#5 2.866 Building dependency tree...E: Unable to
+# locate package ...", a CI run): the message keeps its own line, the progress text is dropped
+_ON_PROGRESS_RE = re.compile(r"^(#\d+ \d+\.\d+ ).*\.\.\.([EW]: .*)$")
 
 
 def _unsplit(tail: list[str]) -> list[str]:
@@ -215,6 +218,8 @@ def _unsplit(tail: list[str]) -> list[str]:
             lines[i], letters[left.group(2)] = left.group(1), left.group(3)
         elif (msg := _MESSAGE_RE.match(ln)) and msg.group(2) in letters:
             lines[i] = f"{msg.group(1)}{letters.pop(msg.group(2))}: {msg.group(3)}"
+        elif joined := _ON_PROGRESS_RE.match(ln):
+            lines[i] = joined.group(1) + joined.group(2)
     return lines
 
 
