@@ -19,7 +19,7 @@ from typing import Any
 from stackbuild.gate.result import GateResult, ProbeResult, Workload
 from stackbuild.host.deploy import deploy
 from stackbuild.host.outcome import DeployReport
-from stackbuild.host.request import DeployRequest, Services
+from stackbuild.host.request import DeployRequest, LiveIncumbent, Services
 from stackbuild.host.state import HostPaths, HostState, read_state
 from stackbuild.render.stack import render_unit
 from stackbuild.spec.load import load_stack
@@ -69,6 +69,7 @@ class GateCall:
     served_by: str | None  # the image serving the URL's port when the gate ran
     units: dict[str, str]  # every unit's ActiveState then
     running: dict[str, tuple[str, int, float, dict[str, str]]]  # unit -> image, port, started at, env
+    live: str | None = None  # a live baseline: its URL and the image serving it ("URL image")
 
 
 @dataclass
@@ -84,11 +85,14 @@ class FakeGate:
     raises: BaseException | None = None
     calls: list[GateCall] = field(default_factory=list)
 
-    def __call__(self, url: str, prof: GateProfile, name: str, baseline: GateResult | None) -> GateResult:
+    def __call__(self, url: str, prof: GateProfile, name: str, baseline: GateResult | LiveIncumbent | None,
+                 ) -> GateResult:
         image = self.host.serving(int(url.rsplit(":", 1)[1]))
         units = {u: s.active for u, s in sorted(self.host.units.items())}
         running = {u: (p.image, p.port, p.started_at, dict(p.env)) for u, p in sorted(self.host.running.items())}
-        self.calls.append(GateCall(url, name, baseline.name if baseline else None, image, units, running))
+        live = (f"{baseline.url} {self.host.serving(int(baseline.url.rsplit(':', 1)[1]))}"
+                if isinstance(baseline, LiveIncumbent) else None)
+        self.calls.append(GateCall(url, name, baseline.name if baseline else None, image, units, running, live))
         if self.raises is not None:
             raise self.raises
         v = self.verdicts.get(image or "", "pass")

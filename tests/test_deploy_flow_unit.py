@@ -28,6 +28,7 @@ from helpers_deploy import (
     profile,
     run,
     settled,
+    sim_stack,
     state,
     steps,
     unit_text,
@@ -40,6 +41,7 @@ from stackbuild.host.preflight import DOCKER_INFO, TCP_SCRIPT
 from stackbuild.host.ssh import READ_FILE_SCRIPT, READ_IF_EXISTS_SCRIPT, sh_argv
 from stackbuild.host.state import ACQUIRE_SCRIPT, RELEASE_SCRIPT, release_key
 from stackbuild.host.unit_probe import POLL_SCRIPT
+from stackbuild.spec.stack import Stack
 
 GOOD = [("lock", True), ("state", True), ("preflight", True), ("pull", True), ("stage unit", True),
         ("baseline", True), ("mark pending", True), ("secrets", True), ("start", True), ("ready", True),
@@ -218,3 +220,36 @@ def test_a_result_measured_through_another_path_is_not_a_baseline() -> None:
     rep = run(host, gate=gate, access="tunnel")  # the stored one was measured direct
     assert rep.steps[5].detail.startswith("measured the incumbent now")
     assert [c.served_by for c in gate.calls] == [INCUMBENT, CANDIDATE]
+
+
+def live_stack() -> Stack:
+    stack = sim_stack()
+    quick = stack.gate.profiles["quick"].model_copy(update={"incumbent": "live"})
+    return stack.model_copy(update={"gate": stack.gate.model_copy(update={"profiles": {"quick": quick}})})
+
+
+def test_incumbent_live_gates_the_candidate_beside_the_serving_incumbent_abba() -> None:
+    """`incumbent: live`: side-by-side, the gate gets the serving incumbent's URL (no stored result read)."""
+    host = with_incumbent()
+    gate = FakeGate(host)
+    rep = run(host, "side-by-side", gate=gate, stack=live_stack())
+    assert (rep.outcome, rep.exit_code) == ("promoted", 0), rep.render()
+    (call,) = gate.calls
+    assert (call.url, call.served_by, call.baseline, call.live) == (
+        f"http://127.0.0.1:{STAGING}", CANDIDATE, "incumbent sim", f"http://127.0.0.1:{PORT} {INCUMBENT}")
+    assert rep.steps[5].detail == (f"live: the incumbent on port {PORT}, measured in alternation with the "
+                                    "candidate (ABBA, the profile's incumbent: live)")
+    cur = state(host).current
+    assert cur is not None and cur.image == CANDIDATE
+    assert GateResult.model_validate_json(host.files[PATHS.result_file(cur.key)]).name == "sim"
+
+
+def test_incumbent_live_under_a_swap_is_compared_with_the_stored_result_and_says_why() -> None:
+    """A swap stops the incumbent: there is nothing live to measure."""
+    host = with_incumbent()
+    gate = FakeGate(host)
+    rep = run(host, "swap", gate=gate, stack=live_stack())
+    assert rep.exit_code == 0
+    assert [(c.served_by, c.baseline, c.live) for c in gate.calls] == [(CANDIDATE, "sim", None)]
+    assert rep.steps[5].detail.startswith(
+        "incumbent: live needs the candidate beside a serving incumbent; stored result of ")

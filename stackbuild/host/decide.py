@@ -43,6 +43,13 @@ def why_remeasure(stored: GateResult, host_facts: dict[str, str], max_age_s: flo
     return None
 
 
+def live_port(req: DeployRequest, state: HostState, *, beside: bool, incumbent_active: bool) -> int | None:
+    """The serving incumbent's port when the gate measures it live (the profile's `incumbent: live`,
+    the candidate beside it, the incumbent serving), else None: the comparison is with a result."""
+    live = req.profile.incumbent == "live" and beside and incumbent_active
+    return state.current.port if live and state.current is not None else None
+
+
 def incumbent_result(
     remote: Remote,
     req: DeployRequest,
@@ -64,6 +71,8 @@ def incumbent_result(
         return None
     fp = req.profile.workload().fingerprint()
     with rep.step("baseline") as st:
+        if req.profile.incumbent == "live":  # asked for, but there is no serving incumbent beside the candidate
+            st.detail = "incumbent: live needs the candidate beside a serving incumbent; "
         stored: GateResult | None = None
         res = remote.run(
             ["cat", paths.result_file(state.current.key)],
@@ -84,11 +93,11 @@ def incumbent_result(
                                     req.profile.baseline_runs())
                 said = f"stored result of {state.current.digest[:19]} (fingerprint {fp})"
                 if why is None or not incumbent_active:
-                    st.detail = said + (f"; {why}, but the incumbent is not serving" if why else "")
+                    st.detail = (st.detail or "") + said + (f"; {why}, but the incumbent is not serving" if why else "")
                     return stored
-                st.detail = f"{said} not used: {why}; "
+                st.detail = (st.detail or "") + f"{said} not used: {why}; "
         if not incumbent_active:
-            st.detail = "incumbent not serving and no stored result: absolute bars only"
+            st.detail = (st.detail or "") + "incumbent not serving and no stored result: absolute bars only"
             return None
         with svc.endpoint(state.current.port) as url:
             measured = svc.gate(url, req.profile, f"incumbent {state.current.stack}", None)

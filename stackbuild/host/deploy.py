@@ -16,12 +16,14 @@ preflight, lease held), with nothing changed unless the report says so.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 from stackbuild.effects.readiness import Readiness
 from stackbuild.errors import EXIT_INFRA, StackbuildError
 from stackbuild.gate.result import GateResult
 from stackbuild.host import converge, secrets, units
 from stackbuild.host.crash import classify
-from stackbuild.host.decide import incumbent_result, verdict_of
+from stackbuild.host.decide import incumbent_result, live_port, verdict_of
 from stackbuild.host.deploy_steps import (
     CHANNEL_TRIES,
     deploy_ports,
@@ -35,7 +37,7 @@ from stackbuild.host.deploy_steps import (
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.pool import GatewayLink
 from stackbuild.host.preflight import PreflightFailed, run_preflight
-from stackbuild.host.request import DeployRequest, Services
+from stackbuild.host.request import DeployRequest, LiveIncumbent, Services
 from stackbuild.host.ssh import ConnectionLost, Remote
 from stackbuild.host.state import (
     HostLease,
@@ -145,7 +147,11 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
         _dry_plan(c, strategy)
         return
 
-    baseline = incumbent_result(remote, req, svc, paths, state, incumbent_active, rep)
+    live = live_port(req, state, beside=p.beside, incumbent_active=incumbent_active)
+    if live is not None:
+        rep.note("baseline", True, f"live: the incumbent on port {live}, measured in alternation with the "
+                                   "candidate (ABBA, the profile's incumbent: live)")
+    baseline = None if live is not None else incumbent_result(remote, req, svc, paths, state, incumbent_active, rep)
     pending = Pending(
         op="deploy",
         image=req.image,
@@ -158,7 +164,7 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
 
     try:
         stage_secrets(remote, req, paths, rep, operator=not p.beside)
-        _run_candidate(c, strategy, baseline)
+        _run_candidate(c, strategy, baseline, live)
     except ConnectionLost:
         raise
     except Exception as err:
@@ -171,12 +177,12 @@ def _locked(remote: Remote, req: DeployRequest, svc: Services, paths: HostPaths,
             raise
 
 
-def _run_candidate(c: Candidate, strategy: Strategy, baseline: GateResult | None) -> None:
+def _run_candidate(c: Candidate, strategy: Strategy, baseline: GateResult | None, live: int | None) -> None:
     """Start the candidate where the strategy placed it, gate it, let the strategy make it serve, promote."""
     ready = _start(c, strategy)
     if ready is None:
         return
-    result = _gate(c, ready, baseline)
+    result = _gate(c, ready, baseline, live)
     if result is None:
         return
     served = strategy.hand_over(c)
@@ -214,17 +220,21 @@ def _start(c: Candidate, strategy: Strategy) -> Readiness | None:
     return ready
 
 
-def _gate(c: Candidate, ready: Readiness, baseline: GateResult | None) -> GateResult | None:
-    """The gate on the very process readiness confirmed: its result when it passed, else None (rolled back)."""
+def _gate(c: Candidate, ready: Readiness, baseline: GateResult | None, live: int | None) -> GateResult | None:
+    """The gate on the very process readiness confirmed (against the incumbent serving on port `live`, else
+    `baseline`): its result when it passed, else None (rolled back)."""
     remote, svc, unit, port, rep = c.remote, c.svc, c.unit, c.p.port, c.rep
     if (other := not_the_candidate(remote, svc, unit, port, ready)) is not None:
         c.roll_back(f"candidate lost before its gate: {other}", verdict="not-ready")
         return None
-    with rep.step("gate") as st, svc.endpoint(port) as url:
-        result = svc.gate(url, c.req.profile, c.req.stack.label, baseline)
+    with rep.step("gate") as st, svc.endpoint(port) as url, ExitStack() as inc:
+        against: GateResult | LiveIncumbent | None = baseline
+        if live is not None and c.state.current is not None:
+            against = LiveIncumbent(inc.enter_context(svc.endpoint(live)), f"incumbent {c.state.current.stack}")
+        result = svc.gate(url, c.req.profile, c.req.stack.label, against)
         if rep.host_facts:
             result = result.model_copy(update={"host": {**result.host, **rep.host_facts}})
-        rep.verdict = verdict_of(result, first=baseline is None)
+        rep.verdict = verdict_of(result, first=against is None)
         rep.gate_json = result.model_dump_json()
         st.detail = f"{rep.verdict}" + (f": {'; '.join(result.reasons)[:300]}" if result.reasons else "")
         if (other := not_the_candidate(remote, svc, unit, port, ready)) is not None:
@@ -296,7 +306,8 @@ def _dry_plan(c: Candidate, strategy: Strategy) -> None:
     echo(f"would wait for {unit}: port {p.port}, /health 200, one generation")
     echo(f"would gate it with profile {c.req.profile.description or 'default'}")
     if c.svc.gate_plan is not None:
-        echo(c.svc.gate_plan(c.req.profile, not p.beside))
+        live = live_port(c.req, c.state, beside=p.beside, incumbent_active=c.incumbent_active)
+        echo(c.svc.gate_plan(c.req.profile, live is None))
     strategy.plan_hand_over(c)
     echo(f"would promote (write {paths.state_file}) or roll back to the incumbent")
     c.rep.finish("planned")

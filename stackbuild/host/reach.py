@@ -17,7 +17,7 @@ from stackbuild.gate.runner import run_gate
 from stackbuild.host.dryrun import DryRunRemote
 from stackbuild.host.gateway import control_key, edit_pool, ensure, read_pool
 from stackbuild.host.pool import GatewayLink
-from stackbuild.host.request import GateFn
+from stackbuild.host.request import GateFn, LiveIncumbent
 from stackbuild.host.ssh import HostAddress, Remote, SshOptions, connect, parse_host
 from stackbuild.render.gateway import pool_urls, worker_url
 from stackbuild.spec.lock.smg import hostname
@@ -44,7 +44,10 @@ class Reach:
         return Pace()
 
     def gate(self, remote: Remote, access: str) -> GateFn:
-        def gate(url: str, profile: GateProfile, name: str, baseline: GateResult | None) -> GateResult:
+        def gate(url: str, profile: GateProfile, name: str, baseline: GateResult | LiveIncumbent | None,
+                 ) -> GateResult:
+            if isinstance(baseline, LiveIncumbent):
+                return run_gate(url, profile, name=name, baseline_url=baseline.url, host_facts={"access": access})
             return run_gate(url, profile, name=name, baseline=baseline, host_facts={"access": access})
 
         return gate

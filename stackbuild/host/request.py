@@ -19,7 +19,18 @@ from stackbuild.results.display import Sink
 from stackbuild.spec.profile import GateProfile
 from stackbuild.spec.stack import Stack
 
-GateFn = Callable[[str, GateProfile, str, GateResult | None], GateResult]
+
+@dataclass(frozen=True)
+class LiveIncumbent:
+    """The serving incumbent as the gate's baseline: measured in alternation with the candidate
+    (ABBA, `gate --baseline-url`), at `url` as this process reaches it."""
+
+    url: str
+    name: str
+
+
+# (candidate url, profile, candidate name, baseline: a stored result, the live incumbent, or none)
+GateFn = Callable[[str, GateProfile, str, GateResult | LiveIncumbent | None], GateResult]
 
 
 @dataclass

@@ -157,6 +157,13 @@ class GateProfile(BaseModel):
     # removed at about twice the plain standard error (an equal build passes less often
     # within max_runs: docs/gate.md). A live incumbent (ABBA) needs none of them
     within_gate_drift: Literal["none", "linear", "auto"] = "auto"
+    # what a side-by-side deploy compares the candidate with while the incumbent serves.
+    # "stored" (default): the incumbent's result, measured like the candidate now (before it
+    # took clients), run i against run i; re-measured first when not fresh. "live": the serving
+    # incumbent measured in alternation with the candidate, ABBA (`gate --baseline-url`): load
+    # on the machine that comes and goes hits both sides alike, at twice the levels' time, and
+    # the incumbent's own clients share its runs. A swap has no live incumbent to measure
+    incumbent: Literal["stored", "live"] = "stored"
     # the largest lag-1 autocorrelation of a server's successive runs the boundaries are sized
     # for (the test estimates it from the runs and widens its interval by it; 0.4: the
     # simulator's runs at C=8); `gate --plan` shows what the ledger's runs had
