@@ -90,6 +90,8 @@ def test_failed_candidate_rolled_back(strategy: str, case: str) -> None:
     rep = run(host, strategy, gate=FakeGate(host, {CANDIDATE: verdict_given}))
 
     want = cause.replace("{port}", str(STAGING if strategy == "side-by-side" else PORT))
+    if strategy == "side-by-side":  # gated against the serving incumbent (incumbent: live), a swap its result
+        want = want.replace("against sim", "against incumbent sim")
     assert (rep.outcome, rep.exit_code, rep.verdict, rep.cause) == ("rolled-back", code, verdict, want)
     gated = case.startswith("gate")
     assert steps(rep)[8:] == [("start", True), ("ready", gated), *([("gate", True)] if gated else []),

@@ -151,8 +151,9 @@ def test_side_by_side_gates_on_the_staging_port_then_switches_in_one_transaction
     assert steps(rep) == [*GOOD, ("switch", True), ("ready", True), ("promote", True)]
     merged = OPERATOR_ENV.replace("HF_TOKEN=operator-value", 'HF_TOKEN="new"')
     # while gated: the candidate on the staging port with its own env file; the incumbent untouched
-    (call,) = gate.calls
-    assert (call.url, call.served_by, call.baseline) == (f"http://127.0.0.1:{STAGING}", CANDIDATE, "sim")
+    (call,) = gate.calls  # against the serving incumbent, ABBA (incumbent: live, the default)
+    assert (call.url, call.served_by, call.baseline, call.live) == (
+        f"http://127.0.0.1:{STAGING}", CANDIDATE, "incumbent sim", f"http://127.0.0.1:{PORT} {INCUMBENT}")
     assert call.units == {MAIN: "active", CAND_UNIT: "active"}
     assert call.running == {MAIN: (INCUMBENT, PORT, incumbent_started, {"HF_TOKEN": "operator-value"}),
                             CAND_UNIT: (CANDIDATE, STAGING, t0 + 0.0, {"HF_TOKEN": "new"})}
@@ -222,34 +223,34 @@ def test_a_result_measured_through_another_path_is_not_a_baseline() -> None:
     assert [c.served_by for c in gate.calls] == [INCUMBENT, CANDIDATE]
 
 
-def live_stack() -> Stack:
+
+def stored_stack() -> Stack:
     stack = sim_stack()
-    quick = stack.gate.profiles["quick"].model_copy(update={"incumbent": "live"})
+    quick = stack.gate.profiles["quick"].model_copy(update={"incumbent": "stored"})
     return stack.model_copy(update={"gate": stack.gate.model_copy(update={"profiles": {"quick": quick}})})
 
 
-def test_incumbent_live_gates_the_candidate_beside_the_serving_incumbent_abba() -> None:
-    """`incumbent: live`: side-by-side, the gate gets the serving incumbent's URL (no stored result read)."""
+def test_side_by_side_measures_the_serving_incumbent_live_and_says_so() -> None:
+    """`incumbent: live` (the default): the gate gets the serving incumbent's URL; no stored result is read."""
     host = with_incumbent()
     gate = FakeGate(host)
-    rep = run(host, "side-by-side", gate=gate, stack=live_stack())
+    rep = run(host, "side-by-side", gate=gate)
     assert (rep.outcome, rep.exit_code) == ("promoted", 0), rep.render()
     (call,) = gate.calls
     assert (call.url, call.served_by, call.baseline, call.live) == (
         f"http://127.0.0.1:{STAGING}", CANDIDATE, "incumbent sim", f"http://127.0.0.1:{PORT} {INCUMBENT}")
     assert rep.steps[5].detail == (f"live: the incumbent on port {PORT}, measured in alternation with the "
-                                    "candidate (ABBA, the profile's incumbent: live)")
+                                   "candidate (ABBA, the profile's incumbent: live)")
+    assert not [c for c in host.commands if c[:1] == ["cat"] and "/results/" in c[-1]]
     cur = state(host).current
     assert cur is not None and cur.image == CANDIDATE
     assert GateResult.model_validate_json(host.files[PATHS.result_file(cur.key)]).name == "sim"
 
 
-def test_incumbent_live_under_a_swap_is_compared_with_the_stored_result_and_says_why() -> None:
-    """A swap stops the incumbent: there is nothing live to measure."""
+def test_side_by_side_with_incumbent_stored_is_gated_against_the_stored_result() -> None:
     host = with_incumbent()
     gate = FakeGate(host)
-    rep = run(host, "swap", gate=gate, stack=live_stack())
+    rep = run(host, "side-by-side", gate=gate, stack=stored_stack())
     assert rep.exit_code == 0
     assert [(c.served_by, c.baseline, c.live) for c in gate.calls] == [(CANDIDATE, "sim", None)]
-    assert rep.steps[5].detail.startswith(
-        "incumbent: live needs the candidate beside a serving incumbent; stored result of ")
+    assert rep.steps[5].detail == f"stored result of {D_INC[:19]} (fingerprint {profile().workload().fingerprint()})"

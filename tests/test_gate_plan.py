@@ -130,6 +130,21 @@ def test_a_stored_baseline_thinner_than_a_reference_is_remeasured() -> None:
     assert why_remeasure(thin, {}, 3600.0, 3) is None
 
 
+
+def test_a_stored_baseline_ended_more_runs_ago_than_the_candidate_may_take_is_remeasured() -> None:
+    """A swap pairs its runs across the time since the incumbent's last run: past max_runs runs
+    of it (a CI run: 38), the detrended comparison cannot decide, so the incumbent is measured again."""
+    now = datetime.now(UTC).isoformat()
+    ref = _result("inc", now, [100.0] * 4, [400.0] * 4, secs=0.5)
+    # measured in mirror order: run 3 first, run 0 last, ending at t = 1000 + 2.0
+    ref = ref.model_copy(update={"levels": tuple(lv.model_copy(update={"runs": tuple(
+        r.model_copy(update={"started": 1000.0 + 0.5 * (3 - r.index)}) for r in lv.runs)}) for lv in ref.levels)})
+    assert why_remeasure(ref, {}, 3600.0, 1, 10, now=1002.0 + 5.0) is None  # 10 runs' time
+    assert why_remeasure(ref, {}, 3600.0, 1, 10, now=1002.0 + 5.5) == (
+        "it ended 11 runs' time ago, more than the 10 runs the candidate may take (a swap compares with the "
+        "incumbent measured right before it)")
+    assert why_remeasure(ref, {}, 3600.0, 1, None, now=1e6) is None
+
 def test_swap_remeasures_an_old_stored_baseline_before_stopping_the_incumbent() -> None:
     """On the fake host: the incumbent's stored result is a year old, so the deploy measures
     the incumbent again while it still serves, stores that, and gates the candidate on it."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from stackbuild.gate.decide import swap_gap
 from stackbuild.gate.result import GateResult, age_s
 from stackbuild.host.outcome import DeployReport
 from stackbuild.host.request import DeployRequest, Services
@@ -23,10 +26,14 @@ HOST_FINGERPRINT = ("gpu_model", "gpu_count", "driver")
 
 
 def why_remeasure(stored: GateResult, host_facts: dict[str, str], max_age_s: float,
-                  min_runs: int = 1) -> str | None:
+                  min_runs: int = 1, max_gap_runs: int | None = None, now: float | None = None) -> str | None:
     """Why a stored baseline no longer stands for the incumbent, or None: older than the
-    profile's bound, measured on other GPUs or another driver than the host has now, or
-    thinner than `min_runs` runs at a level (a promotion the gate decided early)."""
+    profile's bound, measured on other GPUs or another driver than the host has now,
+    thinner than `min_runs` runs at a level (a promotion the gate decided early), or ended
+    more than `max_gap_runs` of its own runs' time before `now` (a swap pairs its runs across
+    that gap: the detrended comparison extrapolates a drift over it, and past the runs the
+    candidate may take it can no longer decide; a CI run's equal build read -31%..+14% across
+    38 runs' gap)."""
     changed = [f"{k} {stored.host[k]} -> {host_facts[k]}" for k in HOST_FINGERPRINT
                if stored.host.get(k) and host_facts.get(k) and stored.host[k] != host_facts[k]]
     if changed:
@@ -40,6 +47,10 @@ def why_remeasure(stored: GateResult, host_facts: dict[str, str], max_age_s: flo
     if thin:
         return (f"it has fewer than the {min_runs} runs a baseline needs at {', '.join(thin)} "
                 "(its gate decided early)")
+    gap = max((swap_gap(lv.runs, time.time() if now is None else now) for lv in stored.levels), default=0)
+    if max_gap_runs is not None and gap > max_gap_runs:
+        return (f"it ended {gap} runs' time ago, more than the {max_gap_runs} runs the candidate may take (a "
+                "swap compares with the incumbent measured right before it)")
     return None
 
 
@@ -71,8 +82,6 @@ def incumbent_result(
         return None
     fp = req.profile.workload().fingerprint()
     with rep.step("baseline") as st:
-        if req.profile.incumbent == "live":  # asked for, but there is no serving incumbent beside the candidate
-            st.detail = "incumbent: live needs the candidate beside a serving incumbent; "
         stored: GateResult | None = None
         res = remote.run(
             ["cat", paths.result_file(state.current.key)],
@@ -90,14 +99,14 @@ def incumbent_result(
                 why = why_remeasure(stored, rep.host_facts,
                                     min(req.profile.baseline_max_age_s,
                                         req.profile.fresh_baseline_s),
-                                    req.profile.baseline_runs())
+                                    req.profile.baseline_runs(), req.profile.max_runs)
                 said = f"stored result of {state.current.digest[:19]} (fingerprint {fp})"
                 if why is None or not incumbent_active:
-                    st.detail = (st.detail or "") + said + (f"; {why}, but the incumbent is not serving" if why else "")
+                    st.detail = said + (f"; {why}, but the incumbent is not serving" if why else "")
                     return stored
-                st.detail = (st.detail or "") + f"{said} not used: {why}; "
+                st.detail = f"{said} not used: {why}; "
         if not incumbent_active:
-            st.detail = (st.detail or "") + "incumbent not serving and no stored result: absolute bars only"
+            st.detail = "incumbent not serving and no stored result: absolute bars only"
             return None
         with svc.endpoint(state.current.port) as url:
             measured = svc.gate(url, req.profile, f"incumbent {state.current.stack}", None)

@@ -158,12 +158,13 @@ class GateProfile(BaseModel):
     # within max_runs: docs/gate.md). A live incumbent (ABBA) needs none of them
     within_gate_drift: Literal["none", "linear", "auto"] = "auto"
     # what a side-by-side deploy compares the candidate with while the incumbent serves.
-    # "stored" (default): the incumbent's result, measured like the candidate now (before it
-    # took clients), run i against run i; re-measured first when not fresh. "live": the serving
-    # incumbent measured in alternation with the candidate, ABBA (`gate --baseline-url`): load
-    # on the machine that comes and goes hits both sides alike, at twice the levels' time, and
-    # the incumbent's own clients share its runs. A swap has no live incumbent to measure
-    incumbent: Literal["stored", "live"] = "stored"
+    # "live" (default): the serving incumbent measured in alternation with the candidate, ABBA
+    # (`gate --baseline-url`): load on the machine that comes and goes hits both sides alike.
+    # "stored": the incumbent's result, run i against run i, measured again right before the
+    # candidate starts unless it is of this session and ended within max_runs runs' time (as a
+    # swap, which has no live incumbent to measure). Either way the incumbent's own clients
+    # share its runs; live costs the candidate's runs again, stored its max_runs
+    incumbent: Literal["stored", "live"] = "live"
     # the largest lag-1 autocorrelation of a server's successive runs the boundaries are sized
     # for (the test estimates it from the runs and widens its interval by it; 0.4: the
     # simulator's runs at C=8); `gate --plan` shows what the ledger's runs had
