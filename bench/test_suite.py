@@ -1,14 +1,16 @@
 """How long the test suites take: the unit suite (plain `pytest`), and with --all the whole one.
 
-The unit suite is what `pytest` runs with no arguments (not `integration`, not `network`),
-timed in one process (unit_s) and on two xdist workers as `make unit` runs it (unit2_s);
-issue 27 holds it under 30 s on two cores. `--all` runs exactly what `make test` runs after lint
+The unit suite is what `pytest` runs with no arguments (not `integration`, not `network`, on one
+xdist worker per core: pyproject's addopts), timed as that (unit_s), in one process (`-n0`, unit1_s)
+and on two workers as `make unit` runs it (unit2_s); issue 27 holds plain `pytest` under 30 s on two cores.
+`--all` runs exactly what `make test` runs after lint
 (every marker, every fuzz example, five xdist workers, `--dist loadgroup`): it needs the local
 infrastructure (bash scripts/infra/up.sh) and minutes. `--load N` keeps N busy loops running
 (the `stress --cpu N` of a loaded CI machine) while it measures; without it nothing is added,
 and the machine's own load average is printed either way, so a figure says how busy it was.
 One run each, wall time of the pytest process.
-Last line: `test_suite: load=idle|busy:N unit_s=X unit2_s=X2 passed=N` (with --all: `all_s=Y all_passed=M` too).
+Last line: `test_suite: load=idle|busy:N cores=C unit_s=X unit1_s=X1 unit2_s=X2 passed=N`
+(with --all: `all_s=Y all_passed=M` too).
 """
 
 from __future__ import annotations
@@ -65,9 +67,11 @@ def main() -> int:
     with busy(args.load):
         subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only"], cwd=ROOT, env=env,
                        capture_output=True)  # a warm bytecode cache, as on a second run
-        unit_s, passed = pytest(["-q"], env)
-        unit2_s, _ = pytest(["-q", "-n", "2"], env)  # `make unit`: both cores
-        line = f"test_suite: load={label} unit_s={unit_s:.1f} unit2_s={unit2_s:.1f} passed={passed}"
+        unit_s, passed = pytest(["-q"], env)  # plain `pytest`: a worker per core
+        unit1_s, _ = pytest(["-q", "-n0"], env)  # one process
+        unit2_s, _ = pytest(["-q", "-n", "2"], env)  # `make unit`: two workers
+        line = (f"test_suite: load={label} cores={os.cpu_count()} unit_s={unit_s:.1f} unit1_s={unit1_s:.1f} "
+                f"unit2_s={unit2_s:.1f} passed={passed}")
         if args.all:
             all_s, all_passed = pytest(ALL, {**env, "STACKBUILD_FUZZ": "full"})
             line += f" all_s={all_s:.0f} all_passed={all_passed}"

@@ -44,7 +44,8 @@ class _Index(BaseHTTPRequestHandler):
 @pytest.fixture
 def index() -> Iterator[str]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Index)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    # a short poll: shutdown() waits for serve_forever's next poll, 0.5 s by default, once per test
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}"
     srv.shutdown()
