@@ -223,15 +223,16 @@ def testhost(testhost_factory: Callable[[], TestHost]) -> Iterator[TestHost]:
     h.remove()
 
 
-# The modules whose tests take longest together, longest first: the summed call, setup and
-# teardown times of their tests in a fresh-clone `.ci/run` (--durations, idle, 2026-12-06, commit
-# 4fc62d5: 534, 386, 336, 326, 240, 202, 114, 87, 75 s). The workers take them first (longest
-# processing time first, Graham 1969, SIAM J. Appl. Math. 17:416-429), so no minutes-long test is
-# left to start when the rest is done; xdist's own order (most tests first, `--loadscope-reorder`)
-# put the one-test demos last. Order only: a module missing here runs after them, as collected.
-LONGEST_FIRST = ("test_deploy_demo", "test_fleet_integration", "test_gate_sim", "test_gateway_fleet_integration",
-                 "test_deploy_interrupted", "test_deploy_host", "test_deploy_switch", "test_deploy_secrets",
-                 "test_deploy_reboot")
+# The modules whose tests run longest one after another on one worker, longest first: the summed
+# call, setup and teardown times of their tests in a fresh-clone `.ci/run` (--durations, idle,
+# 2026-12-06, commit 4fc62d5: the two demos 265 s and 241 s, each a worker of its own; the fleet
+# modules 386 s and 326 s). The workers take them first (longest processing time first, Graham 1969,
+# SIAM J. Appl. Math. 17:416-429), so none is left to start when the rest is done: xdist's own order
+# (most tests first, `--loadscope-reorder`) put the one-test demos last. Every other module follows in
+# collection order (by name: unit and integration modules mixed; putting every long integration
+# module first too ran five gate-heavy modules at once, and a swap's gate read an equal build at
+# -34%..+3%). Order only: a module missing here runs after them.
+LONGEST_FIRST = ("test_deploy_demo", "test_fleet_integration", "test_gateway_fleet_integration")
 
 
 def run_order(module: str) -> int:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -281,3 +284,62 @@ def test_stages_display_says_each_stage_once_all_its_steps_are_done() -> None:
                    "#5 DONE 30.1s", "#7 [torch 2/2] RUN true", "#7 DONE 0.2s"]:
             feed(ln)
     assert said == ["built stage sglang (1/1)", "built stage torch (2/2)"]
+
+
+
+def test_two_builds_of_one_stack_push_its_cache_tag_one_at_a_time(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """Two builds of one stack at once (two projects' demos in one CI) each tag the stack's one
+    `buildcache-LABEL`, push it and untag it. Unserialized, the first's untag fell inside the
+    second's push: "tag does not exist". The fake daemon opens the window wide: the first cache push
+    waits for a second tag and the second push for an untag (each at most 0.3 s)."""
+    from stackbuild.image import build, engine
+    from stackbuild.image import registry as reg
+
+    monkeypatch.setenv("STACKBUILD_CACHE_DIR", str(tmp_path))
+    tags: set[str] = set()
+    events: list[str] = []
+    second_tag, untagged = threading.Event(), threading.Event()
+    cache = "r:5000/x:buildcache-sim"
+
+    def tag(_c: object, _src: str, dst: str) -> None:
+        tags.add(dst)
+        events.append(f"tag {dst}")
+        if events.count(f"tag {cache}") == 2:
+            second_tag.set()
+
+    def push(_c: object, ref: str) -> str:
+        if ref == cache:
+            pushes = sum(e.startswith(("push", "pushing")) and cache in e for e in events)
+            events.append(f"pushing {ref}")
+            (second_tag if pushes == 0 else untagged).wait(0.3)
+            if ref not in tags:
+                raise InfraError(f"push of {ref} failed: tag does not exist: {ref}")
+        return "sha256:" + "0" * 64
+
+    def untag(_c: object, ref: str) -> None:
+        tags.discard(ref)
+        events.append(f"untag {ref}")
+        untagged.set()
+
+    monkeypatch.setattr(engine, "tag", tag)
+    monkeypatch.setattr(engine, "push", push)
+    monkeypatch.setattr(engine, "untag", untag)
+    monkeypatch.setattr(reg, "manifest_digest", lambda _ref: None)
+    errors: list[BaseException] = []
+
+    def one(n: int) -> None:
+        plan: Any = SimpleNamespace(ref=f"r:5000/x:sim-{n}", registry="r:5000/x", stack=SimpleNamespace(label="sim"),
+                                    builder=SimpleNamespace(buildx=False))
+        try:
+            build._ensure_pushed(plan, None, lambda _m: None)
+        except BaseException as e:  # handed to the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert errors == []
+    assert events == [f"tag {cache}", f"pushing {cache}", f"untag {cache}"] * 2

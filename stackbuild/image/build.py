@@ -119,7 +119,7 @@ def build_stack(
         return BuildResult(plan.ref, plan.ref.rsplit(":", 1)[1], plan.hash, None, None, skipped=True, lock=plan.lock)
     with tempfile.TemporaryDirectory(prefix="stackbuild-ctx-") as tmp:
         plan = _plan(stack, target, Path(tmp), c, no_cache=no_cache, progress=progress, push=push, echo=echo)
-        with _lock(plan.hash):
+        with _lock(plan.hash[:16]):
             return _execute(plan, c, push=push, echo=echo)
 
 
@@ -275,10 +275,11 @@ def _print_dry_run(plan: Plan, echo: Echo, *, daemon: bool) -> None:
 
 
 @contextmanager
-def _lock(digest: str) -> Iterator[None]:
+def _lock(name: str) -> Iterator[None]:
+    """One process of this machine at a time holds `name` (flock on a file in the cache's locks/)."""
     d = cache_dir() / "locks"
     d.mkdir(parents=True, exist_ok=True)
-    with (d / f"{digest[:16]}.lock").open("w") as f:
+    with (d / f"{name}.lock").open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
@@ -353,11 +354,14 @@ def _ensure_pushed(plan: Plan, c: Any, echo: Echo, *, replace: bool = False) -> 
     echo(f"pushed {plan.ref} ({digest})")
     if not plan.builder.buildx:  # the inline-cache image a second machine builds from
         cache_ref = f"{plan.registry}:buildcache-{plan.stack.label}"
-        engine.tag(c, plan.ref, cache_ref)
-        try:
-            engine.push(c, cache_ref)
-        finally:
-            engine.untag(c, cache_ref)
+        # one local tag for every build of the stack: two builds at once (two projects' demos in one
+        # CI) would untag it under each other's push ("tag does not exist"), so one pushes at a time
+        with _lock(f"buildcache-{plan.stack.label}"):
+            engine.tag(c, plan.ref, cache_ref)
+            try:
+                engine.push(c, cache_ref)
+            finally:
+                engine.untag(c, cache_ref)
     return digest
 
 
