@@ -223,34 +223,15 @@ def testhost(testhost_factory: Callable[[], TestHost]) -> Iterator[TestHost]:
     h.remove()
 
 
-# The modules whose tests run longest one after another on one worker, longest first: the summed
-# call, setup and teardown times of their tests in a fresh-clone `.ci/run` (--durations, idle,
-# 2026-12-06, commit 4fc62d5: the two demos 265 s and 241 s, each a worker of its own; the fleet
-# modules 386 s and 326 s). The workers take them first (longest processing time first, Graham 1969,
-# SIAM J. Appl. Math. 17:416-429), so none is left to start when the rest is done: xdist's own order
-# (most tests first, `--loadscope-reorder`) put the one-test demos last. Every other module follows in
-# collection order (by name: unit and integration modules mixed; putting every long integration
-# module first too ran five gate-heavy modules at once, and a swap's gate read an equal build at
-# -34%..+3%). Order only: a module missing here runs after them.
-LONGEST_FIRST = ("test_deploy_demo", "test_fleet_integration", "test_gateway_fleet_integration")
-
-
-def run_order(module: str) -> int:
-    """Where a module's tests go in the run: its place in LONGEST_FIRST, else after all of them."""
-    return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into group names
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist `--dist loadgroup`: a module's tests stay on one worker, in order
     (their module fixtures hold a host or a project), unless the module sets
-    `PER_TEST = True` (tests that share nothing spread over the workers one by one).
-    The longest modules go first (LONGEST_FIRST; a stable sort keeps every module's own order)."""
+    `PER_TEST = True` (tests that share nothing spread over the workers one by one)."""
     for item in items:
         module = getattr(item, "module", None)
         if module is not None and not getattr(module, "PER_TEST", False):
             item.add_marker(pytest.mark.xdist_group(module.__name__))
-    items.sort(key=lambda item: run_order(getattr(getattr(item, "module", None), "__name__", "")))
 
 
 @pytest.fixture(scope="session", autouse=True)
