@@ -27,7 +27,8 @@ WL = Workload(input_len=4, output_len=4, stall_timeout_s=0.5, timeout_s=30.0, wa
 @dataclass
 class Server:
     stalls: int  # the first this many requests stall after one chunk
-    slow: int = 0  # the next this many take 30 s (a chunk each 0.25 s): in flight when the stall is decided
+    slow: int = 0  # the next this many take 30 s (a chunk each `every` s): in flight when the stall is decided
+    every: float = 0.25
     seen: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -43,8 +44,8 @@ class Server:
                 await self.release.wait()  # stalled: the client's stall bound ends it
                 return resp
             slow = n < self.stalls + self.slow
-            for _ in range(120 if slow else WL.output_len - 1):
-                await asyncio.sleep(0.25 if slow else 0.02)
+            for _ in range(round(30 / self.every) if slow else WL.output_len - 1):
+                await asyncio.sleep(self.every if slow else 0.02)
                 await resp.write(chunk)
             usage = {"choices": [], "usage": {"completion_tokens": WL.output_len, "prompt_tokens": WL.input_len}}
             await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
@@ -54,8 +55,8 @@ class Server:
 
 
 @asynccontextmanager
-async def serving(stalls: int, slow: int = 0) -> AsyncIterator[tuple[str, Server]]:
-    srv = Server(stalls, slow)
+async def serving(stalls: int, slow: int = 0, every: float = 0.25) -> AsyncIterator[tuple[str, Server]]:
+    srv = Server(stalls, slow, every)
     app = web.Application()
     app.router.add_post("/v1/completions", srv.completions)
     run = web.AppRunner(app, shutdown_timeout=0.5)
@@ -75,19 +76,24 @@ def _run(coro: Any) -> Any:
 
 
 def test_the_first_stalled_request_ends_the_run_when_none_may_fail() -> None:
+    # The server shares the client's event loop: a loop held up past the stall bound (a loaded CI
+    # machine held it 0.5 s) silenced the slow requests too, and all four were recorded stalled. A
+    # chunk each 0.05 s against a 2 s bound leaves 1.95 s of such a pause before that happens.
+    wl = WL.model_copy(update={"stall_timeout_s": 2.0})
+
     async def go() -> tuple[list[loadgen.RequestRecord], float, int]:
-        # the other 3 workers' first requests take 30 s: certainly in flight at the 0.5 s stall bound
-        async with serving(stalls=1, slow=3) as (url, srv):
-            prompts = [[1000 + i] * WL.input_len for i in range(400)]
+        # the other 3 workers' first requests take 30 s: certainly in flight at the 2 s stall bound
+        async with serving(stalls=1, slow=3, every=0.05) as (url, srv):
+            prompts = [[1000 + i] * wl.input_len for i in range(400)]
             t0 = time.monotonic()
-            records, _ = await loadgen.run_requests(url, WL, 4, prompts, fail_after=0)
+            records, _ = await loadgen.run_requests(url, wl, 4, prompts, fail_after=0)
             return records, time.monotonic() - t0, srv.seen
 
     records, took, sent = _run(go())
     # decided at the stall bound: the other workers' requests in flight were cancelled, unrecorded
     # (they would have ended after 30 s; half that is a bound no loaded machine reaches), and
     # nothing more was sent
-    assert [r.error for r in records] == ["stalled: no byte for 0.5s"]
+    assert [r.error for r in records] == ["stalled: no byte for 2s"]
     assert sent == 4 and took < 15
 
 
