@@ -47,8 +47,10 @@ def why_remeasure(stored: GateResult, host_facts: dict[str, str], max_age_s: flo
     if thin:
         return (f"it has fewer than the {min_runs} runs a baseline needs at {', '.join(thin)} "
                 "(its gate decided early)")
+    if max_gap_runs is None:
+        return None
     gap = max((swap_gap(lv.runs, time.time() if now is None else now) for lv in stored.levels), default=0)
-    if max_gap_runs is not None and gap > max_gap_runs:
+    if gap > max_gap_runs:
         return (f"it ended {gap} runs' time ago, more than the {max_gap_runs} runs the candidate may take (a "
                 "swap compares with the incumbent measured right before it)")
     return None
