@@ -140,7 +140,11 @@ gate:
       runs: 3
       # looks start where a boundary can be crossed (correlation allowed for): room past them on a busy machine
       max_runs: 10
-      tolerance: 0.2
+      # the deploy flow, not the gate's precision, is under test here (test_gate_sim.py holds that):
+      # loaded CI runs read an equal build's swap at 0.83x-0.88x, CI about +-20% (its two sides
+      # measured with other load between): a bar of 0.7 leaves them ten points more than 0.8 did;
+      # "slower" runs at a quarter speed, far under it either way
+      tolerance: 0.3
       timeout_s: 20
 host:
   service: {service}
@@ -148,7 +152,7 @@ host:
   channel: {service}
 variants:
   good2: {{server: {{flags: {{--seed: 1}}}}}}
-  slower: {{server: {{flags: {{--speed: 2}}}}}}
+  slower: {{server: {{flags: {{--speed: 1}}}}}}
   crash: {{server: {{flags: {{--fault: crash-on-start}}}}}}
   neverready: {{server: {{flags: {{--fault: never-ready}}}}, runtime: {{ready_timeout_s: 3}}}}
   badgen: {{server: {{flags: {{--fault: fail-first-generation}}}}}}

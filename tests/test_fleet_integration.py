@@ -72,7 +72,9 @@ gate:
       runs: 3
       max_runs: 6
       # the policies, not the gate's precision, are under test here: "slower" and the sick host
-      # read at half speed (ratio 0.5), far past 0.3 either way
+      # run at a quarter speed (ratio 0.25), far past 0.3 either way. At half speed a CI run read
+      # "slower" inconclusive: its swap measured the incumbent while the suite built images, 3 of 6
+      # runs 17-47% low (CI -62%..-1%, straddling the bar); at 0.25 that CI lies under it
       tolerance: 0.3
       timeout_s: 20
       agreement_prompts: 4
@@ -87,7 +89,7 @@ host:
     soak_interval_s: 0.2
 variants:
   good2: {server: {flags: {--seed: 1}}}
-  slower: {server: {flags: {--speed: 2}}}
+  slower: {server: {flags: {--speed: 1}}}
   dies: {server: {flags: {--fault: "die-after:90"}}}
 """
 
@@ -109,7 +111,7 @@ class Fleet:
             lines += [f"  - name: h{i}", f"    address: {h.target}", f"    port: {self.ports[i]}",
                       f"    service: {self.service(i)}"]
             if i == sick:  # a host that reads slower than its own incumbent with any candidate
-                lines.append("    flags: {--speed: 2}")
+                lines.append("    flags: {--speed: 1}")
         path = self.root / name
         path.write_text("\n".join(lines) + "\n" + extra)
         return path
