@@ -30,11 +30,13 @@ SMALL = ["--concurrency", "8", "--input-len", "32", "--output-len", "160", "--ru
 
 
 def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # C=8, where topk1-v2 is 55% faster by the model: at C=30 (+10%, against a bar of -5%) a
+    # fresh-clone CI read it +6.6%, CI -6.9%..+22.2% after ten pairs (thirty streams a step are
+    # CPU work a loaded machine stretches); the verdict, not the level, is the point
     with sim("--speed", VERDICT_SPEED) as inc, \
             sim("--speed", VERDICT_SPEED, "--profile", "eagle3-topk1-v2") as cand:
         rc = main(["gate", "--url", cand.url, "--baseline-url", inc.url, "--name", "topk1",
-                   "--concurrency", "30", *SMALL[2:], "--json", str(tmp_path / "r.json"),
-                   "--junit", str(tmp_path / "r.xml")])
+                   *SMALL, "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml")])
     out = capsys.readouterr().out
     assert rc == 0, out
     result = json.loads((tmp_path / "r.json").read_text())
@@ -43,9 +45,9 @@ def test_faster_candidate_passes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert lv["ratio"] > 1.03 and lv["ci_low"] >= 0.95
     # decided within the cap (the sequential design looks from where its boundary can be crossed)
     assert 3 <= len(lv["runs"]) <= 10
-    assert f"| 30 | {len(lv['runs'])} |" in out and "PASS" in out
+    assert f"| 8 | {len(lv['runs'])} |" in out and "PASS" in out
     suite = ET.parse(tmp_path / "r.xml").getroot()
-    assert suite.get("failures") == "0" and suite.get("tests") == "4"  # C=30, probe, agreement, bars
+    assert suite.get("failures") == "0" and suite.get("tests") == "4"  # C=8, probe, agreement, bars
 
 
 def test_slower_candidate_fails(capsys: pytest.CaptureFixture[str]) -> None:
