@@ -140,11 +140,12 @@ gate:
       runs: 3
       # looks start where a boundary can be crossed (correlation allowed for): room past them on a busy machine
       max_runs: 10
-      # the deploy flow, not the gate's precision, is under test here (test_gate_sim.py holds that):
-      # loaded CI runs read an equal build's swap at 0.83x-0.88x, CI about +-20% (its two sides
-      # measured with other load between): a bar of 0.7 leaves them ten points more than 0.8 did;
-      # "slower" runs at a quarter speed, far under it either way
-      tolerance: 0.3
+      # the deploy flow, not the gate's precision, is under test here (test_gate_sim.py holds that).
+      # The builds it compares run at 1x (equal) and 0.25x ("slower"); the bar sits midway between
+      # them on the log scale the gate decides on (0.5), the most room for both: a swap measures its
+      # two sides seconds apart, and a fresh-clone CI read an equal build at 0.76x, CI -45%..+6%,
+      # its incumbent quiet (1046-1099 tok/s) and its candidate under other tests' load (537-1068)
+      tolerance: 0.5
       timeout_s: 20
 host:
   service: {service}

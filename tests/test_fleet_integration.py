@@ -72,10 +72,11 @@ gate:
       runs: 3
       max_runs: 6
       # the policies, not the gate's precision, are under test here: "slower" and the sick host
-      # run at a quarter speed (ratio 0.25), far past 0.3 either way. At half speed a CI run read
-      # "slower" inconclusive: its swap measured the incumbent while the suite built images, 3 of 6
-      # runs 17-47% low (CI -62%..-1%, straddling the bar); at 0.25 that CI lies under it
-      tolerance: 0.3
+      # run at a quarter speed (ratio 0.25), equal builds at 1; the bar sits midway on the log
+      # scale (0.5), as in tests/test_deploy_support.py. At half speed against a bar of 0.7 a CI
+      # run read "slower" inconclusive: its swap measured the incumbent while the suite built
+      # images, 3 of 6 runs 17-47% low (CI -62%..-1%)
+      tolerance: 0.5
       timeout_s: 20
       agreement_prompts: 4
       # the token-id part only: the generation count below is what a dying candidate gets through
