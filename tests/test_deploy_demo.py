@@ -19,6 +19,7 @@ from stackbuild.spec.lock.smg import LOCK_DIR
 
 pytestmark = pytest.mark.integration
 PER_TEST = True  # each demo has its own project, host container names and ports: two workers, not one
+APART = True  # ~200 s each: never queued behind each other on one worker (tests/conftest.py, apart)
 
 
 GATEWAY_SUMMARY = re.compile(r"^demo: through the gateway during the rollouts: (\d+) request\(s\) sent through "
