@@ -7,6 +7,7 @@ failure, because CI promises the real infrastructure.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -235,22 +236,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = apart(items)
 
 
+# xdist gives a worker its next scope each time one of its tests ends while it holds at most two
+# pending tests (xdist/scheduler/loadscope.py, _reschedule): a worker holds up to three.
+HELD = 3
+
+
 def apart(items: list[pytest.Item]) -> list[pytest.Item]:
     """The tests of a module that sets `APART = True` (the two demos, ~200 s each) first among
-    the one-test scopes, a short one-test scope between each two of them.
+    the one-test scopes, HELD - 1 short one-test scopes between each two of them, so that the
+    worker that takes one cannot also hold the next.
 
-    xdist sorts scopes by their number of tests, keeping the collection order among equals, and
-    hands a worker its next scope while it still runs one: two such tests next to each other in
-    the queue ran on one worker, one after the other, 433 s at the end of a fresh-clone CI while
-    the other four workers had finished 229-302 s earlier (2026-12-07, 750 s of pytest)."""
+    xdist sorts scopes by their number of tests, keeping the collection order among equals. Two
+    such tests next to each other in the queue ran on one worker, one after the other, 433 s at the
+    end of a fresh-clone CI while the other four workers had finished 229-302 s earlier
+    (2026-12-07, 750 s of pytest); with one short scope between them, still on one worker."""
     def flag(item: pytest.Item, name: str) -> bool:
         return bool(getattr(getattr(item, "module", None), name, False))
 
     long = [i for i in items if flag(i, "APART")]
-    short = [i for i in items if flag(i, "PER_TEST") and not flag(i, "APART")]
-    if len(long) < 2 or len(short) < len(long) - 1:
-        return items
-    front = [x for pair in zip(long, [*short[:len(long) - 1], None], strict=True) for x in pair if x is not None]
+    short = iter([i for i in items if flag(i, "PER_TEST") and not flag(i, "APART")])
+    front: list[pytest.Item] = []
+    for n, item in enumerate(long):
+        front.append(item)
+        if n < len(long) - 1:
+            front += itertools.islice(short, HELD - 1)
     placed = {id(i) for i in front}
     return front + [i for i in items if id(i) not in placed]
 

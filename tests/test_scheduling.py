@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from conftest import apart
+from conftest import HELD, apart
 
 UNIT = SimpleNamespace()
 SIMS = SimpleNamespace(PER_TEST=True)
@@ -20,13 +20,14 @@ def _names(items: list[Any]) -> list[str]:
     return [i.name for i in items]
 
 
-def test_long_tests_lead_with_a_short_one_between_each_two() -> None:
-    items = _items(("u1", UNIT), ("s1", SIMS), ("d1", DEMOS), ("d2", DEMOS), ("s2", SIMS), ("d3", DEMOS), ("u2", UNIT))
-    assert _names(apart(items)) == ["d1", "s1", "d2", "s2", "d3", "u1", "u2"]
+def test_long_tests_lead_with_two_short_ones_between_each_two() -> None:
+    """A worker holds up to three pending tests (HELD): the one that takes d1 holds s1 and s2."""
+    items = _items(("u1", UNIT), ("s1", SIMS), ("d1", DEMOS), ("d2", DEMOS), ("s2", SIMS), ("s3", SIMS),
+                   ("d3", DEMOS), ("s4", SIMS), ("s5", SIMS), ("u2", UNIT))
+    assert HELD == 3
+    assert _names(apart(items)) == ["d1", "s1", "s2", "d2", "s3", "s4", "d3", "u1", "s5", "u2"]
 
 
-def test_the_order_stays_when_there_is_nothing_to_spread() -> None:
-    one = _items(("u1", UNIT), ("d1", DEMOS), ("s1", SIMS))
-    assert _names(apart(one)) == ["u1", "d1", "s1"]
-    no_short = _items(("d1", DEMOS), ("u1", UNIT), ("d2", DEMOS))
-    assert _names(apart(no_short)) == ["d1", "u1", "d2"]
+def test_with_too_few_short_tests_the_long_ones_still_lead() -> None:
+    assert _names(apart(_items(("u1", UNIT), ("d1", DEMOS), ("s1", SIMS), ("d2", DEMOS)))) == ["d1", "s1", "d2", "u1"]
+    assert _names(apart(_items(("u1", UNIT), ("d1", DEMOS)))) == ["d1", "u1"]
