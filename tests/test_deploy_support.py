@@ -147,6 +147,12 @@ gate:
       # its incumbent quiet (1046-1099 tok/s) and its candidate under other tests' load (537-1068)
       tolerance: 0.5
       timeout_s: 20
+      # the token-id part of the output agreement only, on 4 prompts: the flow is under test, and
+      # tests/test_gate_agreement_live.py holds the agreement over HTTP (the 52 prompts a side of
+      # the default took ~2 s of each gate, ~60 gates a run)
+      agreement_prompts: 4
+      agreement_long_prompts: 0
+      agreement_text_prompts: 0
 host:
   service: {service}
   strategy: swap
