@@ -231,9 +231,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     `PER_TEST = True` (tests that share nothing spread over the workers one by one)."""
     for item in items:
         module = getattr(item, "module", None)
-        if module is not None and not getattr(module, "PER_TEST", False):
+        if module is not None and not module_says(item, "PER_TEST"):
             item.add_marker(pytest.mark.xdist_group(module.__name__))
     items[:] = apart(items)
+
+
+def module_says(item: pytest.Item, name: str) -> bool:
+    """Whether the test's module sets `name` (PER_TEST, APART) to a true value."""
+    return bool(getattr(getattr(item, "module", None), name, False))
 
 
 # xdist gives a worker its next scope each time one of its tests ends while it holds at most two
@@ -250,11 +255,8 @@ def apart(items: list[pytest.Item]) -> list[pytest.Item]:
     such tests next to each other in the queue ran on one worker, one after the other, 433 s at the
     end of a fresh-clone CI while the other four workers had finished 229-302 s earlier
     (2026-12-07, 750 s of pytest); with one short scope between them, still on one worker."""
-    def flag(item: pytest.Item, name: str) -> bool:
-        return bool(getattr(getattr(item, "module", None), name, False))
-
-    long = [i for i in items if flag(i, "APART")]
-    short = iter([i for i in items if flag(i, "PER_TEST") and not flag(i, "APART")])
+    long = [i for i in items if module_says(i, "APART")]
+    short = iter([i for i in items if module_says(i, "PER_TEST") and not module_says(i, "APART")])
     front: list[pytest.Item] = []
     for n, item in enumerate(long):
         front.append(item)
