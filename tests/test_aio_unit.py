@@ -60,3 +60,69 @@ def test_returns_the_coroutines_value() -> None:
         return 7
 
     assert aio.run(seven) == 7
+
+
+def test_a_signal_inside_a_loop_callback_still_reaches_the_caller() -> None:
+    """A handler can run while the loop is inside a callback (a transport's recv, a timer): the loop
+    would log a raise there and carry on. It cancels the coroutine instead, and the raise comes out of
+    run() once the loop is closed: the coroutine's cleanup ran, no task is left pending."""
+    cleaned: list[str] = []
+
+    async def work() -> str:
+        asyncio.get_running_loop().call_later(0.01, aio.deliver, boom)  # as a handler run inside a callback
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleaned.append("finally")
+        return "finished"  # never: the signal stops it
+
+    with pytest.raises(Boom):
+        aio.run(work)
+    assert cleaned == ["finally"]
+
+
+def test_a_coroutine_that_swallows_the_cancellation_is_cancelled_again() -> None:
+    steps: list[str] = []
+
+    async def stubborn() -> None:
+        asyncio.get_running_loop().call_later(0.01, aio.deliver, boom)
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            steps.append("swallowed")
+        await asyncio.sleep(30)  # cancelled again: the signal is not lost
+        steps.append("never")
+
+    with pytest.raises(Boom):
+        aio.run(stubborn)
+    assert steps == ["swallowed"]
+
+
+def test_no_pending_task_survives_a_signal(caplog: pytest.LogCaptureFixture) -> None:
+    """The gate's shape: the main task waits on children (gather); none is left for the garbage
+    collector to find pending ("Task was destroyed but it is pending!")."""
+    done: list[int] = []
+
+    async def child(i: int) -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            done.append(i)
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_later(0.01, aio.deliver, boom)
+        await asyncio.gather(*(child(i) for i in range(4)))
+
+    with caplog.at_level("ERROR", logger="asyncio"), pytest.raises(Boom):
+        aio.run(main)
+    assert sorted(done) == [0, 1, 2, 3]
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+
+
+def test_after_run_signals_act_at_once_again() -> None:
+    async def quick() -> int:
+        return 1
+
+    assert aio.run(quick) == 1
+    with pytest.raises(Boom):
+        aio.deliver(boom)

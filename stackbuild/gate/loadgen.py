@@ -264,6 +264,11 @@ async def run_requests(
                 load.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await load
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                # the cancellation swallowed just now may have been this task's own (a signal, the
+                # gate's deadline), not only `load`'s: it goes on up
+                raise asyncio.CancelledError
         t1 = max((r.end for r in records), default=t0)
     return records, max(t1 - t0, 0.0)
 
