@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from stackbuild.effects.net import ephemeral_low, free_port, port_free
 
 
@@ -31,3 +33,13 @@ def test_the_ephemeral_range_is_read_or_defaults(tmp_path: Path) -> None:
     assert ephemeral_low(tmp_path / "missing") == 32768
     ranges.write_text("garbage")
     assert ephemeral_low(ranges) == 32768
+
+
+def test_a_port_is_given_out_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spec's port and staging_port come from two calls before either is bound: they must differ.
+    Over a range of 20 ports, 20 calls without that memory would repeat one (all but certainly)."""
+    from stackbuild.effects import net
+
+    monkeypatch.setattr(net, "_SPAN", 20)
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) == 20, sorted(ports)
