@@ -11,9 +11,9 @@ STAMP = .stackbuild/install.stamp
 demo: infra install
 	$(PY) -m stackbuild demo
 
-# Five workers on two cores: the integration tests mostly wait on hosts and servers (the CPUs
-# still sit about half idle). A module's tests stay together on one worker unless it says
-# PER_TEST (tests/conftest.py).
+# Five workers on two cores: each integration test waits on hosts and servers much of its time,
+# but five of them keep the CPUs ~80% busy (docs/testing.md, Workers): more only add noise to
+# the gates. A module's tests stay together on one worker unless it says PER_TEST (tests/conftest.py).
 test: infra install lint
 	STACKBUILD_FUZZ=full $(PY) -m pytest -m "integration or not integration" -q -n 5 --dist loadgroup
 
