@@ -126,3 +126,29 @@ def test_after_run_signals_act_at_once_again() -> None:
     assert aio.run(quick) == 1
     with pytest.raises(Boom):
         aio.deliver(boom)
+
+
+def test_a_loop_in_another_thread_is_not_where_a_signal_goes() -> None:
+    """A fleet's hosts gate in threads of their own; a signal (handled on the main thread) neither
+    waits for their holds nor cancels their coroutines: it acts at once, on the main thread."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    got: list[object] = []
+
+    async def waits() -> str:
+        started.set()
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        return "done"
+
+    t = threading.Thread(target=lambda: got.append(aio.run(waits)))
+    t.start()
+    assert started.wait(30)
+    try:
+        with pytest.raises(Boom):
+            aio.deliver(boom)
+    finally:
+        release.set()
+        t.join(30)
+    assert got == ["done"]

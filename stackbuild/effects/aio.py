@@ -16,11 +16,15 @@ A deploy turns SIGTERM/SIGINT into an exception raised wherever the main thread 
   coroutine instead: the cancellation unwinds every await and its cleanup (HTTP sessions closed),
   and the raise comes out of `run` once the loop is closed. A coroutine that swallows the
   cancellation is cancelled again every CANCEL_AGAIN_S.
+
+Only the main thread's loops count: Python runs signal handlers there, and a fleet's hosts run
+their gates in threads of their own, where a raise held or delivered would land in the wrong thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -57,9 +61,16 @@ def _cancel_until_done(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any])
         loop.call_later(CANCEL_AGAIN_S, _cancel_until_done, loop, task)
 
 
+def _main() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 @contextmanager
 def held() -> Iterator[None]:
     global _held
+    if not _main():
+        yield
+        return
     _held += 1
     try:
         yield
@@ -91,6 +102,6 @@ def run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 async def _made(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     task = asyncio.current_task()
-    assert task is not None  # a coroutine the loop runs is always a task's
-    _running.append((asyncio.get_running_loop(), task))
+    if task is not None and _main():
+        _running.append((asyncio.get_running_loop(), task))
     return await make()
