@@ -152,3 +152,17 @@ def test_a_loop_in_another_thread_is_not_where_a_signal_goes() -> None:
         release.set()
         t.join(30)
     assert got == ["done"]
+
+
+def test_a_signal_in_the_coroutines_own_blocking_code_raises_there() -> None:
+    """The gate checks the servers with blocking calls before any load exists (gate/runner.py
+    _admit): a signal then raises at once, not when a server that never answers gives up."""
+    after: list[str] = []
+
+    async def blocking_check() -> None:
+        aio.deliver(boom)  # as a handler run while this coroutine's own code blocks
+        after.append("went on")
+
+    with pytest.raises(Boom):
+        aio.run(blocking_check)
+    assert after == []

@@ -15,7 +15,9 @@ A deploy turns SIGTERM/SIGINT into an exception raised wherever the main thread 
   pending!", a fresh-clone CI, 2026-12-07). So while `run` drives a loop, `deliver` cancels its
   coroutine instead: the cancellation unwinds every await and its cleanup (HTTP sessions closed),
   and the raise comes out of `run` once the loop is closed. A coroutine that swallows the
-  cancellation is cancelled again every CANCEL_AGAIN_S.
+  cancellation is cancelled again every CANCEL_AGAIN_S. Where the handler interrupts the code of
+  that coroutine itself (not a callback, not a task it started), the raise is made there, as
+  outside a loop: the gate's checks before any load block on a server that may never answer.
 
 Only the main thread's loops count: Python runs signal handlers there, and a fleet's hosts run
 their gates in threads of their own, where a raise held or delivered would land in the wrong thread.
@@ -46,12 +48,16 @@ def deliver(act: Callable[[], None]) -> None:
     once that loop has cancelled its coroutine and closed."""
     if _held:
         _waiting.append(act)
-    elif _running:
+    elif _running and asyncio.current_task(_running[-1][0]) is not _running[-1][1]:
+        # in the loop's own frames, a callback's, or another task's (whose `except Exception`
+        # could swallow a raise): cancel the coroutine `run` drives
         loop, task = _running[-1]
         _waiting.append(act)
         # thread-safe: the handler may have interrupted the loop anywhere, even inside call_soon
         loop.call_soon_threadsafe(_cancel_until_done, loop, task)
     else:
+        # outside any loop, or in the code of the coroutine `run` drives (the gate's blocking
+        # checks before any load exists: a server that never answers must not hold the signal)
         act()
 
 
