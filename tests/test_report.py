@@ -222,3 +222,24 @@ def test_notes_cut_at_a_word_and_never_inside_a_bracket() -> None:
     cause = "candidate crashed on start (" + "x " * 100 + ")"
     assert _clip(cause, 40) == "candidate crashed on start …"
     assert _clip("a " * 30, 20) == "a a a a a a a a a a …"
+
+
+def test_a_plot_only_where_there_is_a_curve(tmp_path: Path) -> None:
+    """Throughput and TTFT against concurrency: with one level measured the plot would be one point a
+    series (the table's own numbers), so none is drawn and the report links none; from two levels on, one."""
+    from stackbuild.results.writer import write_report
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    for root, levels in ((one, (1,)), (two, (1, 30))):
+        with Ledger(root / "ledger.db") as db:
+            for name, at, base in (("baseline", "2026-11-01T00:00:00", None),
+                                   ("eagle3-topk1-v2", "2026-11-03T00:00:00", "baseline")):
+                db.record_gate(result(name, {c: USERS[name][c] for c in levels}, at, baseline=base))
+            out = write_report(db, root / "report.md")
+            report = build_report(db.gate_runs(), db.deploys())
+        plots = sorted(p.name for p in root.iterdir() if p.name.startswith("report-throughput"))
+        if levels == (1,):
+            assert (plots, out.read_text()) == ([], render_markdown(report, None))
+        else:
+            assert plots == ["report-throughput.png", "report-throughput.svg"]
+            assert out.read_text() == render_markdown(report, "report-throughput.svg")

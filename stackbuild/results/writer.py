@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stackbuild.results.ledger import Ledger
 from stackbuild.results.plot import plot_group
-from stackbuild.results.report import build_report, render_markdown
+from stackbuild.results.report import Report, build_report, render_markdown
 
 
 def _note(msg: str) -> None:
@@ -25,12 +25,20 @@ def report_path_for(ledger_path: Path) -> Path:
     return ledger_path.parent / "report.md"
 
 
+def worth_a_plot(report: Report) -> bool:
+    """Whether the first group's plot says something its tables do not: throughput and TTFT against
+    concurrency need two levels or more (one level is one point a series, the table's own numbers),
+    and at least one measured cell. A plot costs ~1 s of CPU (matplotlib's import, an SVG and a PNG),
+    paid after every deploy that records."""
+    return bool(report.groups) and len(report.groups[0].levels) > 1 and any(report.groups[0].cells.values())
+
+
 def write_report(ledger: Ledger, out: Path, *, plot: bool = True, note: Callable[[str], None] = _note) -> Path:
     """Write the Markdown report (and its plot next to it) atomically; return the report path."""
     report = build_report(ledger.gate_runs(), ledger.deploys(), ledger.builds())
     out.parent.mkdir(parents=True, exist_ok=True)
     plot_name = None
-    if plot and report.groups and any(report.groups[0].cells.values()):  # a plot with no point says nothing
+    if plot and worth_a_plot(report):
         try:
             paths = plot_group(report.groups[0], out.with_name(out.stem + "-throughput"))
             plot_name = next(p.name for p in paths if p.suffix == ".svg")
