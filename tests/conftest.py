@@ -287,6 +287,34 @@ def session_cache(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixt
     mp.undo()
 
 
+def worker_ports(worker: str, count: int, low: int, high: int) -> str:
+    """STACKBUILD_PORTS for pytest-xdist worker `worker` (gw0, gw1, ...) of `count`: its own slice of
+    [low, high), so that no two workers, nor the commands they run, ever pick the same port."""
+    index = int(worker.removeprefix("gw"))
+    width = (high - low) // count
+    return f"{low + index * width}-{low + (index + 1) * width}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ports_of_this_worker() -> Iterator[None]:
+    """Under xdist, this worker's slice of the ports free_port picks from, for it and every command it
+    starts. A port is often picked long before it is bound (a module's fleet ports, a demo's gateway,
+    bound and freed over minutes): a pick by another worker in between finds it free. Once a demo's
+    gateway never answered, and its metrics port was then held by another process (2026-12-07, eight
+    workers: 'port 29430 (gateway.metrics_port) is in use by another process')."""
+    from stackbuild.effects.net import PORTS_ENV, port_range
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        yield
+        return
+    mp = pytest.MonkeyPatch()
+    mp.setenv(PORTS_ENV, worker_ports(worker, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]),
+                                      *port_range({})))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(autouse=True)
 def unit_tests_reach_no_daemon(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test not marked integration has no Docker daemon: a code path that would build or pull for
