@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 
 import pytest
 from test_deploy_support import (
@@ -18,6 +17,7 @@ from test_deploy_support import (
     assert_incumbent_unchanged,
     deploy_host,  # noqa: F401  (fixture)
     ensure_incumbent,
+    pending_on,
     project_fixture,
     sim_image,  # noqa: F401  (fixture)
 )
@@ -28,15 +28,6 @@ pytestmark = pytest.mark.integration
 project = project_fixture("interrupted")
 
 
-def _wait_for(pred: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def _pending(p: Project) -> bool:
     st = p.state()
     return bool(st.get("pending"))
@@ -45,7 +36,8 @@ def _pending(p: Project) -> bool:
 def _swap_started(p: Project) -> subprocess.Popen[str]:
     """A slow-loading swap deploy, returned once it marked the host and started its candidate."""
     proc = p.popen("slowload", "--strategy", "swap")
-    _wait_for(lambda: _pending(p) and p.active() in ("active", "activating"), 300, "the candidate to start")
+    started = f"{pending_on(p.service)} && systemctl is-active {p.service} | grep -qx -e active -e activating"
+    assert p.host.until(started, 300, unless=proc), "the candidate never started"
     return proc
 
 
@@ -54,7 +46,7 @@ def test_concurrent_deploy_refused_by_lock(project: Project) -> None:
     ensure_incumbent(p)
     first = p.popen("slowload")
     try:
-        _wait_for(lambda: _pending(p), 300, "the first deploy to start")
+        assert p.host.until(pending_on(p.service), 300, unless=first), "the first deploy never started"
         second = p.deploy("good2")
         out = second.stdout + second.stderr
         assert second.returncode == 4, out

@@ -12,7 +12,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from test_deploy_support import (
     free_port,
     generate,
     need_infra,
+    pending_on,
     sim_image,  # noqa: F401  (fixture)
 )
 
@@ -262,11 +262,12 @@ def test_soak_regression_rolls_the_wave_back(on_baseline: Fleet) -> None:
     f.assert_status_agrees()
 
 
-def _candidate_runs(f: Fleet, i: int) -> bool:
-    """Host i is marked pending and its main unit runs the candidate from its /run override."""
-    show = f.hosts[i].sh(f"systemctl show -p ActiveState -p FragmentPath {f.service(i)}").stdout.split()
-    return bool(f.state(i).get("pending")) and show == [
-        "ActiveState=active", f"FragmentPath=/run/systemd/system.control/{f.service(i)}.service"]
+def _candidate_runs(f: Fleet, i: int) -> str:
+    """A shell condition for HostBox.until: host i is marked pending and its main unit runs the candidate
+    from its /run override."""
+    svc = f.service(i)
+    return (f"{pending_on(svc)} && systemctl is-active -q {svc} && "
+            f"[ \"$(systemctl show -p FragmentPath --value {svc})\" = /run/systemd/system.control/{svc}.service ]")
 
 
 def test_sigkill_while_a_candidate_runs_then_the_same_command_resumes(on_baseline: Fleet) -> None:
@@ -276,10 +277,7 @@ def test_sigkill_while_a_candidate_runs_then_the_same_command_resumes(on_baselin
     proc = subprocess.Popen(f.cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=f.root,
                             start_new_session=True)
     try:  # the kill lands on the event: h1's candidate started (wave 1), not after a guessed sleep
-        deadline = time.monotonic() + 180
-        while not _candidate_runs(f, 1):
-            assert proc.poll() is None and time.monotonic() < deadline, "h1's candidate never ran"
-            time.sleep(0.1)
+        assert f.hosts[1].until(_candidate_runs(f, 1), 180, unless=proc), "h1's candidate never ran"
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)

@@ -294,26 +294,25 @@ def test_a_take_over_killed_then_rerun_fails_no_request_and_serves_no_ungated_bu
     through the gateway the whole time: no request fails, and the re-run puts every host on the
     candidate (the candidate that joined is drained before it stops; the next one joins only after its gate)."""
     import signal
-    import time
 
     f = gw_fleet
     base = f.rollout("good2")  # every host on good2 (already, after the first test)
     assert base.returncode == 0, base.stdout[-4000:] + base.stderr[-2000:]
     pool_file = f"/etc/stackbuild/{f.gw_service}.workers"
     before = set(pool_urls(f.hosts[0].sh(f"cat {pool_file}").stdout))
+    assert before, f"the pool file names no server: {pool_file}"
     argv = [sys.executable, "-m", "stackbuild", "--root", str(f.root), "deploy", "gwfleet", "--fleet",
             "--inventory", str(f.inventory()), "--image", f.image.ref, "--ledger", str(f.root / "ledger.db"),
             "--known-hosts", str(f.root / "known_hosts"), "--identity", str(f.hosts[0].key)]
     with BackgroundLoad(f.url, clients=4, pause_s=0.05) as client:
         assert client.wait_for(10, 60), client.summary()
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=f.root)
-        joined = None
-        deadline = time.monotonic() + ROLLOUT_TIMEOUT_S
-        while joined is None and proc.poll() is None and time.monotonic() < deadline:
-            now = set(pool_urls(f.hosts[0].sh(f"cat {pool_file}").stdout))
-            joined = next(iter(now - before), None)  # the canary's candidate, in the pool: taking over
-            time.sleep(0.1)
-        assert joined is not None, "the rollout ended before its canary's candidate joined the gateway"
+        # the canary's candidate, in the pool: taking over (a URL of the pool file's that was not there before)
+        others = " ".join(f"-e {u}" for u in sorted(before))
+        news = f"grep -o 'http://[^ \"]*' {pool_file} | grep -qvxF {others}"
+        assert f.hosts[0].until(news, ROLLOUT_TIMEOUT_S, unless=proc), \
+            "the rollout ended before its canary's candidate joined the gateway"
+        joined = next(iter(set(pool_urls(f.hosts[0].sh(f"cat {pool_file}").stdout)) - before), None)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         again = f.rollout(None)
