@@ -7,7 +7,6 @@ failure, because CI promises the real infrastructure.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers_xdist import LastTestScheduling, apart, module_says
 
 from stackbuild.errors import InfraError
 from stackbuild.host import local
@@ -236,34 +236,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = apart(items)
 
 
-def module_says(item: pytest.Item, name: str) -> bool:
-    """Whether the test's module sets `name` (PER_TEST, APART) to a true value."""
-    return bool(getattr(getattr(item, "module", None), name, False))
-
-
-# xdist gives a worker its next scope each time one of its tests ends while it holds at most two
-# pending tests (xdist/scheduler/loadscope.py, _reschedule): a worker holds up to three.
-HELD = 3
-
-
-def apart(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The tests of a module that sets `APART = True` (the two demos, ~200 s each) first among
-    the one-test scopes, HELD - 1 short one-test scopes between each two of them, so that the
-    worker that takes one cannot also hold the next.
-
-    xdist sorts scopes by their number of tests, keeping the collection order among equals. Two
-    such tests next to each other in the queue ran on one worker, one after the other, 433 s at the
-    end of a fresh-clone CI while the other four workers had finished 229-302 s earlier
-    (2026-12-07, 750 s of pytest); with one short scope between them, still on one worker."""
-    long = [i for i in items if module_says(i, "APART")]
-    short = iter([i for i in items if module_says(i, "PER_TEST") and not module_says(i, "APART")])
-    front: list[pytest.Item] = []
-    for n, item in enumerate(long):
-        front.append(item)
-        if n < len(long) - 1:
-            front += itertools.islice(short, HELD - 1)
-    placed = {id(i) for i in front}
-    return front + [i for i in items if id(i) not in placed]
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` with a worker handed its next scope only on its last test (helpers_xdist)."""
+    return LastTestScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,11 +1,14 @@
-"""The order `make test` hands its scopes to the xdist workers in (tests/conftest.py, apart)."""
+"""How `make test` hands its scopes to the xdist workers (tests/helpers_xdist.py): the order of the
+queue, and when a worker gets its next scope."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
-from conftest import HELD, apart
+import pytest
+from helpers_xdist import HELD, LastTestScheduling, apart
+from xdist.scheduler import LoadGroupScheduling
 
 UNIT = SimpleNamespace()
 SIMS = SimpleNamespace(PER_TEST=True)
@@ -20,14 +23,66 @@ def _names(items: list[Any]) -> list[str]:
     return [i.name for i in items]
 
 
-def test_long_tests_lead_with_two_short_ones_between_each_two() -> None:
-    """A worker holds up to three pending tests (HELD): the one that takes d1 holds s1 and s2."""
+def test_long_tests_lead_with_a_short_one_between_each_two() -> None:
+    """A worker holds up to two tests (HELD): the one that takes d1 holds s1 too, and d2 goes elsewhere."""
     items = _items(("u1", UNIT), ("s1", SIMS), ("d1", DEMOS), ("d2", DEMOS), ("s2", SIMS), ("s3", SIMS),
-                   ("d3", DEMOS), ("s4", SIMS), ("s5", SIMS), ("u2", UNIT))
-    assert HELD == 3
-    assert _names(apart(items)) == ["d1", "s1", "s2", "d2", "s3", "s4", "d3", "u1", "s5", "u2"]
+                   ("d3", DEMOS), ("s4", SIMS), ("u2", UNIT))
+    assert HELD == 2
+    assert _names(apart(items)) == ["d1", "s1", "d2", "s2", "d3", "u1", "s3", "s4", "u2"]
 
 
 def test_with_too_few_short_tests_the_long_ones_still_lead() -> None:
-    assert _names(apart(_items(("u1", UNIT), ("d1", DEMOS), ("s1", SIMS), ("d2", DEMOS)))) == ["d1", "s1", "d2", "u1"]
+    assert _names(apart(_items(("u1", UNIT), ("d1", DEMOS), ("d2", DEMOS)))) == ["d1", "d2", "u1"]
     assert _names(apart(_items(("u1", UNIT), ("d1", DEMOS)))) == ["d1", "u1"]
+
+
+class Worker:
+    """What the scheduler sees of an xdist worker: the test indexes it was sent, and a shutdown."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = SimpleNamespace(id=name)
+        self.shutting_down = False
+        self.sent: list[list[int]] = []
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent.append(list(indexes))
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+# a module of three tests kept on one worker (xdist_group "fleet"), then three one-test scopes
+COLLECTION = ["tests/f.py::t1@fleet", "tests/f.py::t2@fleet", "tests/f.py::t3@fleet",
+              "tests/d.py::demo", "tests/s.py::s1", "tests/s.py::s2"]
+
+
+def _scheduler(kind: type[LoadGroupScheduling], workers: int) -> tuple[LoadGroupScheduling, list[Worker]]:
+    config: Any = SimpleNamespace(getvalue=lambda name: {"tx": [f"{workers}*popen"]}[name],
+                                  option=SimpleNamespace(loadscopereorder=True))
+    sched = kind(config)
+    nodes = [Worker(f"gw{i}") for i in range(workers)]
+    for n in nodes:
+        sched.add_node(n)
+        sched.add_node_collection(n, COLLECTION)
+    sched.schedule()
+    return sched, nodes
+
+
+@pytest.mark.parametrize(("kind", "after_first"), [
+    (LastTestScheduling, [[0, 1, 2]]),  # two of its tests still ahead: nothing more yet
+    (LoadGroupScheduling, [[0, 1, 2], [3]]),  # xdist's own rule: the demo, queued behind t2 and t3
+])
+def test_a_worker_gets_its_next_scope_only_on_its_last_test(
+        kind: type[LoadGroupScheduling], after_first: list[list[int]]) -> None:
+    sched, (w,) = _scheduler(kind, 1)
+    assert w.sent == [[0, 1, 2]]
+    sched.mark_test_complete(w, 0)
+    assert w.sent == after_first
+    sched.mark_test_complete(w, 1)
+    assert w.sent[:2] == [[0, 1, 2], [3]]  # t3 runs only with the next test in hand: the demo now
+
+
+def test_one_test_scopes_go_two_at_a_time() -> None:
+    """A worker given a one-test scope is given a second at once (it cannot run the first without it)."""
+    _, (w0, w1) = _scheduler(LastTestScheduling, 2)
+    assert (w0.sent, w1.sent) == ([[0, 1, 2]], [[3], [4]])
