@@ -30,14 +30,12 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from helpers_xdist import LastTestScheduling  # noqa: E402
+from helpers_xdist import LastTestScheduling, scheduled  # noqa: E402
 from test_suite import ALL  # noqa: E402
 from xdist.scheduler import LoadGroupScheduling  # noqa: E402
 
@@ -94,47 +92,25 @@ def durations(junit: Path) -> tuple[dict[str, float], int]:
     return out, failed
 
 
-class Worker:
-    def __init__(self, name: str) -> None:
-        self.gateway = SimpleNamespace(id=name)
-        self.shutting_down = False
-        self.held: list[int] = []
-        self.running: int | None = None
-
-    def send_runtest_some(self, indexes: list[int]) -> None:
-        self.held.extend(indexes)
-
-    def shutdown(self) -> None:
-        self.shutting_down = True
-
-
 def replay(kind: type[LoadGroupScheduling], ids: list[str], took: dict[str, float], workers: int) -> float:
     """When the last worker finishes, with `kind` deciding who gets what."""
-    config: Any = SimpleNamespace(getvalue=lambda name: {"tx": [f"{workers}*popen"]}[name],
-                                  option=SimpleNamespace(loadscopereorder=True))
-    quiet = SimpleNamespace(loadscopesched=lambda *_: None, loadgroupsched=lambda *_: None)
-    sched = kind(config, quiet)
-    nodes = [Worker(f"gw{i}") for i in range(workers)]
-    for n in nodes:
-        sched.add_node(n)
-        sched.add_node_collection(n, ids)
-    sched.schedule()
+    sched, nodes = scheduled(kind, ids, workers)
+    running: list[int | None] = [None] * workers
     events: list[tuple[float, int]] = []
     end = 0.0
 
     def start(i: int, now: float) -> None:
         w = nodes[i]
-        if w.running is None and w.held and (len(w.held) >= 2 or w.shutting_down):
-            w.running = w.held.pop(0)
-            heapq.heappush(events, (now + took.get(ids[w.running].split("@", 1)[0], 0.0), i))
+        if running[i] is None and w.held and (len(w.held) >= 2 or w.shutting_down):
+            running[i] = w.held.pop(0)
+            heapq.heappush(events, (now + took[ids[running[i]].split("@", 1)[0]], i))
 
     for i in range(workers):
         start(i, 0.0)
     while events:
         now, i = heapq.heappop(events)
-        w, end = nodes[i], now
-        done, w.running = w.running, None
-        sched.mark_test_complete(w, done)
+        end, done, running[i] = now, running[i], None
+        sched.mark_test_complete(nodes[i], done)
         for j in range(workers):
             start(j, now)
     return end

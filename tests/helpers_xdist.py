@@ -10,6 +10,7 @@ test is waiting for work.
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -40,6 +41,40 @@ class LastTestScheduling(LoadGroupScheduling):
             return
         if self._pending_of(self.assigned_work[node]) < HELD:
             self._assign_work_unit(node)
+
+
+class Worker:
+    """What an xdist scheduler sees of a worker, driven by hand: tests/test_scheduling.py and the replay in
+    bench/xdist_replay.py. `sent`: each batch of collection indexes it was handed; `held`: those not yet
+    taken off by whoever plays the worker."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = SimpleNamespace(id=name)
+        self.shutting_down = False
+        self.sent: list[list[int]] = []
+        self.held: list[int] = []
+
+    def send_runtest_some(self, indexes: list[int]) -> None:
+        self.sent.append(list(indexes))
+        self.held.extend(indexes)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def scheduled(kind: type[LoadGroupScheduling], collection: list[str], workers: int) -> tuple[Any, list[Worker]]:
+    """A scheduler of `kind` over `workers` Workers that all collected `collection` (xdist node ids,
+    `@group` where grouped), its first hand-out made."""
+    config = SimpleNamespace(getvalue=lambda name: {"tx": [f"{workers}*popen"]}[name],
+                             option=SimpleNamespace(loadscopereorder=True))
+    quiet = SimpleNamespace(loadscopesched=lambda *_: None, loadgroupsched=lambda *_: None)
+    sched = kind(config, quiet)
+    nodes = [Worker(f"gw{i}") for i in range(workers)]
+    for n in nodes:
+        sched.add_node(n)
+        sched.add_node_collection(n, collection)
+    sched.schedule()
+    return sched, nodes
 
 
 def module_says(item: pytest.Item, name: str) -> bool:

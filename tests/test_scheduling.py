@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from helpers_xdist import HELD, LastTestScheduling, apart
+from helpers_xdist import HELD, LastTestScheduling, apart, scheduled
 from xdist.scheduler import LoadGroupScheduling
 
 UNIT = SimpleNamespace()
@@ -36,36 +36,9 @@ def test_with_too_few_short_tests_the_long_ones_still_lead() -> None:
     assert _names(apart(_items(("u1", UNIT), ("d1", DEMOS)))) == ["d1", "u1"]
 
 
-class Worker:
-    """What the scheduler sees of an xdist worker: the test indexes it was sent, and a shutdown."""
-
-    def __init__(self, name: str) -> None:
-        self.gateway = SimpleNamespace(id=name)
-        self.shutting_down = False
-        self.sent: list[list[int]] = []
-
-    def send_runtest_some(self, indexes: list[int]) -> None:
-        self.sent.append(list(indexes))
-
-    def shutdown(self) -> None:
-        self.shutting_down = True
-
-
 # a module of three tests kept on one worker (xdist_group "fleet"), then three one-test scopes
 COLLECTION = ["tests/f.py::t1@fleet", "tests/f.py::t2@fleet", "tests/f.py::t3@fleet",
               "tests/d.py::demo", "tests/s.py::s1", "tests/s.py::s2"]
-
-
-def _scheduler(kind: type[LoadGroupScheduling], workers: int) -> tuple[LoadGroupScheduling, list[Worker]]:
-    config: Any = SimpleNamespace(getvalue=lambda name: {"tx": [f"{workers}*popen"]}[name],
-                                  option=SimpleNamespace(loadscopereorder=True))
-    sched = kind(config)
-    nodes = [Worker(f"gw{i}") for i in range(workers)]
-    for n in nodes:
-        sched.add_node(n)
-        sched.add_node_collection(n, COLLECTION)
-    sched.schedule()
-    return sched, nodes
 
 
 @pytest.mark.parametrize(("kind", "after_first"), [
@@ -74,7 +47,7 @@ def _scheduler(kind: type[LoadGroupScheduling], workers: int) -> tuple[LoadGroup
 ])
 def test_a_worker_gets_its_next_scope_only_on_its_last_test(
         kind: type[LoadGroupScheduling], after_first: list[list[int]]) -> None:
-    sched, (w,) = _scheduler(kind, 1)
+    sched, (w,) = scheduled(kind, COLLECTION, 1)
     assert w.sent == [[0, 1, 2]]
     sched.mark_test_complete(w, 0)
     assert w.sent == after_first
@@ -84,5 +57,5 @@ def test_a_worker_gets_its_next_scope_only_on_its_last_test(
 
 def test_one_test_scopes_go_two_at_a_time() -> None:
     """A worker given a one-test scope is given a second at once (it cannot run the first without it)."""
-    _, (w0, w1) = _scheduler(LastTestScheduling, 2)
+    _, (w0, w1) = scheduled(LastTestScheduling, COLLECTION, 2)
     assert (w0.sent, w1.sent) == ([[0, 1, 2]], [[3], [4]])
