@@ -270,3 +270,16 @@ def test_a_deploys_summary_is_its_stage_times_and_the_steps_a_person_must_read()
         "  downtime: 3.50s in 1 outage(s) (incumbent stop -> a server serving again)",
     ]
     assert len(rep.render().splitlines()) == 2 + 8 + 3  # the full form: every step, no stage times
+
+
+def test_a_deploys_summary_shows_a_gate_that_passed_beside_a_busy_incumbent() -> None:
+    from stackbuild.host.outcome import Step as Done
+
+    busy = ("pass: C=1: the incumbent finished 274 request(s) of other clients during this level: a busy "
+            "incumbent reads slower, so the candidate gains")
+    for detail, shown in (("pass", False), (busy, True)):
+        rep = DeployReport(host="root@gpu1", service="s", stack="sim", image="img", strategy="side-by-side")
+        rep.steps = [Done("start", True, 0.5, "s.service on port 1"), Done("gate", True, 80.0, detail)]
+        rep.verdict = "pass"
+        rep.finish("promoted")
+        assert (f"  ok   gate             80.00s  {busy}" in rep.render(full=False).splitlines()) == shown

@@ -32,3 +32,20 @@ def in_flight(metrics: Mapping[str, float]) -> float | None:
     if "sglang:num_running_reqs" not in metrics:
         return None
     return metrics["sglang:num_running_reqs"] + metrics.get("sglang:num_queue_reqs", 0.0)
+
+
+def finished_requests(metrics: Mapping[str, float]) -> float | None:
+    """Requests the server has finished since it started (`sglang:num_requests_total`, the counter sglang
+    0.5.23 bumps as a request finishes: observability/metrics_collector.py, as stackbuild/sim/metrics.py
+    cites it); None when the server does not export it."""
+    return metrics.get("sglang:num_requests_total")
+
+
+def outside_requests(before: float | None, after: float | None, own: int) -> int | None:
+    """Requests a server finished between two readings of its counter that were not the `own` ones sent
+    to it meanwhile; None when either reading is missing. An own request the server counts only after
+    its answer ended can make it read low, never high: at worst a busy server is missed, an idle one
+    is never called busy."""
+    if before is None or after is None:
+        return None
+    return max(0, round(after - before) - own)

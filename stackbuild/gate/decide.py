@@ -279,3 +279,26 @@ def bar_violations(levels: list[LevelResult], profile: GateProfile) -> list[str]
                 out.append(f"C={lv.concurrency}: p99 TTFT {lv.ttft_p99_ms:.0f} ms exceeds "
                            f"{profile.max_ttft_p99_ms:g} ms")
     return out
+
+
+# how busy_notes says a side served clients of its own (a deploy's summary shows the gate step that says it)
+OTHER_CLIENTS = "request(s) of other clients"
+
+
+def busy_notes(c: int, *, mine: int | None, theirs: int | None, live: bool, compared: bool) -> tuple[str, ...]:
+    """What other clients did to a level's comparison: `mine`, requests of other clients the measured server
+    finished during the level; `theirs`, the incumbent's (live, during the level; stored, during its runs).
+    A server that serves others while it is measured reads slower than alone, so the other side gains: a
+    busy incumbent flatters the candidate (bench/busy_incumbent.py: an equal build read +10.6% at C=1 beside
+    an incumbent with 4 clients of its own). Said, not decided on: the verdict stays the numbers'."""
+    out = []
+    if compared and theirs:
+        when = "during this level" if live else "while its stored runs were measured"
+        out.append(f"C={c}: the incumbent finished {theirs} {OTHER_CLIENTS} {when}: a busy "
+                   "incumbent reads slower, so the candidate gains; for a comparison on equal terms, gate "
+                   "while the incumbent is quiet or drained from its gateway, or against a result of it measured quiet")
+    if mine:
+        gains = "the incumbent gains" if compared else "a candidate compared with this result gains"
+        out.append(f"C={c}: the measured server finished {mine} {OTHER_CLIENTS} during this "
+                   f"level: it reads slower than it would alone, so {gains}")
+    return tuple(out)

@@ -79,6 +79,11 @@ class LevelResult(_Frozen):
     paired: bool | None = None
     ci_confidence: float | None = None
     margin: float = 0.0
+    # requests the measured server (the candidate, or a reference) and a live incumbent finished during
+    # the level besides the gate's own, by their /metrics counters; None: not known (no --enable-metrics,
+    # or a result written before they were counted). Clients of their own slow a side down.
+    outside_requests: int | None = None
+    incumbent_outside_requests: int | None = None
 
 
 class ProbeResult(_Frozen):

@@ -16,11 +16,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from stackbuild.effects import aio, http
+from stackbuild.effects.prometheus import finished_requests, outside_requests, parse_metrics
 from stackbuild.effects.readiness import HttpProbe, wait_ready
 from stackbuild.errors import InfraError, InputError
 from stackbuild.gate import checks, loadgen
 from stackbuild.gate.decide import (
     bar_violations,
+    busy_notes,
     design_for,
     level_summary,
     mirrored,
@@ -164,8 +166,10 @@ async def _run_level(
     """
     done = [] if done is None else done
     allowed = profile.max_failed_requests
+    sent_inc = 0  # requests the gate sent the live incumbent at this level
 
     async def take(i: int) -> tuple[RunMetrics, RunMetrics | None]:
+        nonlocal sent_inc
         # failed requests past what the profile allows fail the level: the candidate's run
         # stops at the first one over (fail fast on a stall), and run_level measures no more
         def cand() -> Coroutine[Any, Any, RunMetrics]:
@@ -177,9 +181,12 @@ async def _run_level(
             return await cand(), None
         if i % 2:
             mine = await cand()
-            return mine, await _measure(inc_url, wl, c, i, "incumbent", emit)
-        theirs = await _measure(inc_url, wl, c, i, "incumbent", emit)
-        return await cand(), theirs
+            theirs = await _measure(inc_url, wl, c, i, "incumbent", emit)
+        else:
+            theirs = await _measure(inc_url, wl, c, i, "incumbent", emit)
+            mine = await cand()
+        sent_inc += theirs.completed + theirs.failed
+        return mine, theirs
 
     # run i of the candidate is paired with the stored run of index i, whatever order it was
     # measured in; one measured in reference_order right before a swap is compared detrended
@@ -188,7 +195,28 @@ async def _run_level(
     stored_runs = [r.output_tok_s for r in kept] if stored is not None else None
     design = design_for(profile, paired=inc_url is not None, fresh=fresh, mirrored=mirrored(kept),
                         gap=swap_gap(kept, time.time()))
-    return await run_level(c, take, profile, design, stored_runs, done, live=inc_url is not None)
+    before = await asyncio.gather(_finished(url), _finished(inc_url))
+    lv = await run_level(c, take, profile, design, stored_runs, done, live=inc_url is not None)
+    after = await asyncio.gather(_finished(url), _finished(inc_url))
+    mine = outside_requests(before[0], after[0], sum(r.completed + r.failed for r in done))
+    theirs = outside_requests(before[1], after[1], sent_inc)
+    notes = busy_notes(c, mine=mine, theirs=theirs if inc_url else stored.outside_requests if stored else None,
+                       live=inc_url is not None, compared=inc_url is not None or stored is not None)
+    return lv.model_copy(update={"outside_requests": mine, "incumbent_outside_requests": theirs,
+                                 "reasons": (*lv.reasons, *notes)})
+
+
+async def _finished(url: str | None) -> float | None:
+    """The server's count of finished requests from its /metrics; None without one (no --enable-metrics)."""
+    if url is None:
+        return None
+    try:
+        reply = await asyncio.to_thread(http.get, url + "/metrics", timeout=5.0)
+    except InfraError:
+        return None
+    if reply.status != 200:
+        return None
+    return finished_requests(parse_metrics(reply.body.decode("utf-8", errors="replace")))
 
 
 async def _level_by_deadline(c: int, clock: _Clock, done: list[RunMetrics],

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stackbuild.errors import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK
+from stackbuild.gate.decide import OTHER_CLIENTS
 from stackbuild.results import display
 
 
@@ -130,7 +131,7 @@ class DeployReport:
 
 # An ok step whose detail a person must still read: what an earlier run left was put back (a
 # stale lease, a pending deploy), or the server starts without a secret it names (host/deploy.py).
-_WARNINGS = ("broke a stale lock", "the server gets none")
+_WARNINGS = ("broke a stale lock", "the server gets none", OTHER_CLIENTS)
 
 
 def _worth_a_line(s: Step) -> bool:
