@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stackbuild.cli.main import main
-from stackbuild.effects.prometheus import finished_requests, outside_requests, parse_metrics
+from stackbuild.effects.prometheus import finished_requests, outside_requests
 from stackbuild.gate.background import BackgroundLoad
 from stackbuild.gate.decide import busy_notes
 from stackbuild.sim.process import sim
@@ -27,8 +27,11 @@ QUIET = ("for a comparison on equal terms, gate while the incumbent is quiet or 
 
 
 def test_finished_requests_sum_the_counter_over_its_labels() -> None:
-    assert finished_requests(parse_metrics(METRICS)) == 42.0
-    assert finished_requests(parse_metrics("sglang:num_running_reqs 3\n")) is None
+    assert finished_requests(METRICS) == 42.0
+    # declared, no request finished yet: a labelled counter has no sample until its first one
+    assert finished_requests("# HELP sglang:num_requests_total Number of requests processed.\n"
+                             "# TYPE sglang:num_requests_total counter\n") == 0.0
+    assert finished_requests("sglang:num_running_reqs 3\n") is None
 
 
 def test_outside_requests_are_the_counter_less_the_own() -> None:

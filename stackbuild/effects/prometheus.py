@@ -34,11 +34,16 @@ def in_flight(metrics: Mapping[str, float]) -> float | None:
     return metrics["sglang:num_running_reqs"] + metrics.get("sglang:num_queue_reqs", 0.0)
 
 
-def finished_requests(metrics: Mapping[str, float]) -> float | None:
-    """Requests the server has finished since it started (`sglang:num_requests_total`, the counter sglang
-    0.5.23 bumps as a request finishes: observability/metrics_collector.py, as stackbuild/sim/metrics.py
-    cites it); None when the server does not export it."""
-    return metrics.get("sglang:num_requests_total")
+def finished_requests(text: str) -> float | None:
+    """Requests the server has finished since it started, from its /metrics text
+    (`sglang:num_requests_total`, the counter sglang 0.5.23 bumps as a request finishes:
+    observability/metrics_collector.py, as stackbuild/sim/metrics.py cites it). A labelled counter has
+    no sample until its first request finishes, only its `# TYPE` line: 0 then. None when the server
+    does not export it."""
+    n = parse_metrics(text).get("sglang:num_requests_total")
+    if n is None and re.search(r"^# TYPE sglang:num_requests_total counter$", text, re.M):
+        return 0.0
+    return n
 
 
 def outside_requests(before: float | None, after: float | None, own: int) -> int | None:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from stackbuild.effects import aio, http
-from stackbuild.effects.prometheus import finished_requests, outside_requests, parse_metrics
+from stackbuild.effects.prometheus import finished_requests, outside_requests
 from stackbuild.effects.readiness import HttpProbe, wait_ready
 from stackbuild.errors import InfraError, InputError
 from stackbuild.gate import checks, loadgen
@@ -216,7 +216,7 @@ async def _finished(url: str | None) -> float | None:
         return None
     if reply.status != 200:
         return None
-    return finished_requests(parse_metrics(reply.body.decode("utf-8", errors="replace")))
+    return finished_requests(reply.body.decode("utf-8", errors="replace"))
 
 
 async def _level_by_deadline(c: int, clock: _Clock, done: list[RunMetrics],
