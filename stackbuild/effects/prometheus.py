@@ -46,6 +46,11 @@ def finished_requests(text: str) -> float | None:
     return n
 
 
+# how a count of outside_requests is said (gate/decide.py's busy_notes); a deploy's summary shows the gate
+# step that says it (host/outcome.py), which must not import the gate's decision code for a phrase
+OTHER_CLIENTS = "request(s) of other clients"
+
+
 def outside_requests(before: float | None, after: float | None, own: int) -> int | None:
     """Requests a server finished between two readings of its counter that were not the `own` ones sent
     to it meanwhile; None when either reading is missing. An own request the server counts only after

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from itertools import pairwise
 from typing import Any
 
+from stackbuild.effects.prometheus import OTHER_CLIENTS
 from stackbuild.gate.result import (
     AgreementResult,
     LevelResult,
@@ -279,10 +280,6 @@ def bar_violations(levels: list[LevelResult], profile: GateProfile) -> list[str]
                 out.append(f"C={lv.concurrency}: p99 TTFT {lv.ttft_p99_ms:.0f} ms exceeds "
                            f"{profile.max_ttft_p99_ms:g} ms")
     return out
-
-
-# how busy_notes says a side served clients of its own (a deploy's summary shows the gate step that says it)
-OTHER_CLIENTS = "request(s) of other clients"
 
 
 def busy_notes(c: int, *, mine: int | None, theirs: int | None, live: bool, compared: bool) -> tuple[str, ...]:

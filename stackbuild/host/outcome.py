@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from stackbuild.effects.prometheus import OTHER_CLIENTS
 from stackbuild.errors import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_INFRA, EXIT_OK
-from stackbuild.gate.decide import OTHER_CLIENTS
 from stackbuild.results import display
 
 
