@@ -8,7 +8,8 @@ For each cell (a noise model, a policy, a baseline) and each true ratio candidat
 P(inconclusive) and the mean and 95th percentile of the candidate's runs per level, over
 --trials trials a cell. Every profile is left as a user leaves it: run_correlation
 undeclared (the default), session_drift the default 1%, within_gate_drift the default "auto"
-(a swap compared plain unless its paired runs trend with time, then detrended), but for
+(a swap compared plain unless its paired runs trend with time, then detrended; compared plain,
+allowing for a random walk of within_gate_walk, 0.05 of a pair's variance a run), but for
 walk_lin, which declares "linear".
 
 Cells (stackbuild/gate/simulate.py says where each figure comes from):
@@ -36,15 +37,15 @@ Cells (stackbuild/gate/simulate.py says where each figure comes from):
            1%): the deploy measures the incumbent right before it stops it and compares with
            that, so the stored result only shows the drift
   walk     the drift cell with the machine wandering instead: a random walk, sd 0.5% a run
-           pair; not one of issue 26's cells: where no default holds (docs/gate.md)
+           pair (`--walk`), the profile as a user leaves it (auto, within_gate_walk 0.05):
+           the random-walk reading of the drift cell's line
   walk_lin the walk cell with the profile's within_gate_drift: linear (always detrended);
            last, so that the cells above keep their seeds (seed + 1000 x the cell's place)
 
 A swap (users, users3, drift, session3, walk, walk_lin) has `--gap` runs' time between the
 incumbent's last run and the candidate's first (the restart; default 3), the drift going on
 through it: the detrended comparison extrapolates a linear drift over the gap (the
-separations include it: decide.swap_gap), not what a random walk does during it, so a long
-gap raises the walk cells' error rates (docs/gate.md).
+separations include it: decide.swap_gap); the plain one allows for a walk over it.
 
 Then the capacity check: the real judge_step's p99 interval (TTFT, per request) over
 requests of a lognormal latency at `capacity_min_requests`, how often it covers the true p99.
@@ -95,7 +96,7 @@ class Model:
     fresh: bool = False
 
 
-def models() -> list[Model]:
+def models(walk: float = 0.005) -> list[Model]:
     quick = BUILTIN_PROFILES["quick"].with_overrides(concurrency=(8, 32), tolerance=0.0)
     users = BUILTIN_PROFILES["users"].with_overrides(tolerance=0.0)
     sweep = users.with_overrides(levels={1: LevelPolicy(tolerance=0.08)})
@@ -122,11 +123,11 @@ def models() -> list[Model]:
               replace(USERS_PROMPTED, walk=0.001, session=0.03),
               users.with_overrides(concurrency=(1,)), stored=True, stored_runs=swap, fresh=True),
         Model("walk", "C=32 must not lose, swap, random walk 0.5%",
-              Noise("walk", {32: SIM_NOISE.at(32)}, ar=SIM_NOISE.ar, walk=0.005),
+              Noise("walk", {32: SIM_NOISE.at(32)}, ar=SIM_NOISE.ar, walk=walk),
               quick.with_overrides(concurrency=(32,)), stored=True,
               stored_runs=quick.baseline_runs(), fresh=True),
         Model("walk_lin", "walk, within_gate_drift: linear",
-              Noise("walk", {32: SIM_NOISE.at(32)}, ar=SIM_NOISE.ar, walk=0.005),
+              Noise("walk", {32: SIM_NOISE.at(32)}, ar=SIM_NOISE.ar, walk=walk),
               quick.with_overrides(concurrency=(32,), within_gate_drift="linear"), stored=True,
               stored_runs=quick.baseline_runs(), fresh=True),
     ]
@@ -158,9 +159,9 @@ def ratios(m: Model, offset: float | None) -> dict[int, float]:
             for c in m.profile.concurrency}
 
 
-def cell(args: tuple[int, int, int, int, int, str]) -> Rates:
-    mi, oi, trials, seed, gap, within = args
-    m = models()[mi]
+def cell(args: tuple[int, int, int, int, int, str, float]) -> Rates:
+    mi, oi, trials, seed, gap, within, walk = args
+    m = models(walk)[mi]
     profile = m.profile.with_overrides(within_gate_drift=within) if within else m.profile
     return rates(profile, m.noise, ratios(m, OFFSETS[oi][1]), stored=m.stored,
                  stored_runs=m.stored_runs, trials=trials, seed=seed + 1000 * mi + oi,
@@ -177,6 +178,8 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     ap.add_argument("--within-gate-drift", choices=("auto", "none", "linear"), default="",
                     help="every cell's profile with this within_gate_drift (default: as each "
                          "cell declares)")
+    ap.add_argument("--walk", type=float, default=0.005,
+                    help="the walk cells' random walk, sd a run pair (default 0.005)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--models", default=",".join(m.name for m in models()),
                     help="comma-separated subset")
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     t0 = time.monotonic()
     chosen = [i for i, m in enumerate(models()) if m.name in args.models.split(",")]
     cells = [i for i, (k, _) in enumerate(OFFSETS) if k in args.cells.split(",")]
-    jobs = [(mi, oi, args.trials, args.seed, args.gap, args.within_gate_drift)
+    jobs = [(mi, oi, args.trials, args.seed, args.gap, args.within_gate_drift, args.walk)
             for mi in chosen for oi in cells]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -210,6 +213,7 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     echo(f"# {args.trials} trials a cell, seed {args.seed}, swap gap {args.gap} runs, "
          + (f"within_gate_drift {args.within_gate_drift} in every cell, "
             if args.within_gate_drift else "")
+         + (f"walk {args.walk:g} a run pair, " if args.walk != 0.005 else "")
          + f"{time.monotonic() - t0:.0f} s")
     for mi in chosen:
         name = models()[mi].name

@@ -7,9 +7,11 @@ default (`within_gate_drift: auto`) the paired log ratio is compared plain unles
 with the separation (the slope's t test, trend.trends), then detrended
 (trend.detrended, the analysis of covariance on the pair's separation, Cochran 1957): a
 linear drift shared by both sides is removed, at about twice the standard error.
-`linear` always detrends, `none` never. The error rates under a linear drift and a random
-walk are measured by bench/gate_calibration.py (its `drift`, `walk` and `walk_lin` cells); a
-small seeded run of each held here.
+`linear` always detrends, `none` never. Compared plain, `auto` allows for a machine that
+wanders at random by `within_gate_walk` of a pair's own variance a run (trend.walk_variance).
+The error rates under a linear drift and a random walk are measured by
+bench/gate_calibration.py (its `drift`, `walk` and `walk_lin` cells); a small seeded run of
+each held here.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from stackbuild.gate.decide import (
@@ -35,7 +39,7 @@ from stackbuild.gate.decide import (
 from stackbuild.gate.result import RunMetrics
 from stackbuild.gate.sequential import Design, resolved, statistic
 from stackbuild.gate.simulate import drive, rates, run_metrics
-from stackbuild.gate.trend import detrended, mirror_separations, trends
+from stackbuild.gate.trend import detrended, mirror_separations, trends, walk_variance
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "gate_calibration.py"
@@ -238,6 +242,74 @@ def test_the_drift_cell_holds_its_errors_as_a_user_leaves_the_profile_seeded() -
 
 
 def test_the_opted_in_walk_cell_holds_its_errors_seeded() -> None:
-    """The walk_lin cell (a random walk, within_gate_drift: linear), 100 seeded trials; the
-    walk cell left as it is reads about 8% a side (docs/gate.md)."""
+    """The walk_lin cell (a random walk, within_gate_drift: linear), 100 seeded trials."""
     assert _cell("walk_lin", 100, 26) == "linear"
+
+
+def test_the_walk_cell_holds_its_errors_as_a_user_leaves_the_profile_seeded() -> None:
+    """The walk cell (a random walk of 0.5% a run pair, the profile as a user leaves it: auto,
+    within_gate_walk 0.05), 100 seeded trials. Compared plain without the walk's allowance it
+    read 9.2% / 8.0% at 2000 trials (docs/gate.md)."""
+    assert _cell("walk", 100, 26) == "auto"
+
+
+def _walk_variance_by_matrices(ds: list[float], gap: int, q: float) -> float:
+    """The same quantity by explicit matrices: V = I + q K, sigma^2 from the generalised least
+    squares residuals, the plain mean's variance 1' (sigma^2 V) 1 / n^2."""
+    n = len(ds)
+    a = np.array(mirror_separations(n, gap))
+    v = np.eye(n) + q * 2.0 * np.minimum.outer(a, a)
+    vi = np.linalg.inv(v)
+    one, d = np.ones(n), np.array(ds)
+    mu = (one @ vi @ d) / (one @ vi @ one)
+    r = d - mu
+    sig2 = (r @ vi @ r) / (n - 1)
+    return float(sig2 * (one @ v @ one) / (n * n))
+
+
+def test_walk_variance_by_hand_and_by_matrices() -> None:
+    # q = 0: the sample variance over n (0.01, -0.02, 0.005: mean -0.0016667, variance 2.5833e-4)
+    ds = [0.01, -0.02, 0.005]
+    assert walk_variance(ds, 0, 0.0) == pytest.approx(2.5833333e-4 / 3, rel=1e-6)
+    # at 0.5, 1.5, 2.5 (no restart) K = 2 min(a_i, a_j) = [[1,1,1],[1,3,3],[1,3,5]], 1'K1 = 19
+    for gap, q in ((0, 0.05), (3, 0.05), (7, 0.2)):
+        xs = [0.01, -0.02, 0.005, 0.0, 0.012, -0.004]
+        assert walk_variance(xs, gap, q) == pytest.approx(_walk_variance_by_matrices(xs, gap, q), rel=1e-9)
+    assert walk_variance(ds, 0, 1.0) == pytest.approx(_walk_variance_by_matrices(ds, 0, 1.0), rel=1e-9)
+    assert math.isnan(walk_variance([0.1, 0.2], 3, 0.05))  # below 3 pairs: none
+    assert walk_variance([0.03] * 5, 3, 0.05) == 0.0  # pairs that agree exactly: no spread
+
+
+def test_a_swap_compared_plain_allows_for_the_walk() -> None:
+    """Under auto, a look whose pairs do not trend keeps the walk's allowance and the restart
+    (the separations it needs); one that trends is detrended and allows for none; live (ABBA),
+    another session's, `none` and `within_gate_walk: 0` never allow for one."""
+    prof = BUILTIN_PROFILES["quick"]
+    assert prof.within_gate_walk == 0.05 and GateProfile().within_gate_walk == 0.05
+    d = design_for(prof, paired=False, fresh=True, mirrored=True, gap=3)
+    assert d.walk == 0.05
+    inc = [100.0] * 8
+    flat = [100.0 * math.exp(e) for e in (0.01, -0.012, 0.004, 0.0, -0.006, 0.011, -0.003, 0.002)]
+    plain = resolved(d, flat, inc)
+    assert (plain.walk, plain.gap, plain.detrend, plain.trend_test) == (0.05, 3, False, 0.0)
+    logs = [math.log(x) for x in flat], [math.log(x) for x in inc]
+    diffs = [a - b for a, b in zip(*logs, strict=True)]
+    _, se, _ = statistic(*logs, plain)
+    assert se == pytest.approx(math.sqrt(walk_variance(diffs, 3, 0.05)), rel=1e-12)
+    _, se0, _ = statistic(*logs, replace(plain, walk=0.0))
+    assert se0 < se / 2  # what the spread of 8 pairs shows, less than half of it
+    drifting = [100.0 * math.exp(0.01 * x) for x in mirror_separations(8, 3)]
+    assert resolved(d, drifting, inc).walk == 0.0
+    for other in (design_for(prof, paired=True, fresh=True, mirrored=True, gap=3),
+                  design_for(prof, paired=False, mirrored=True, gap=3),
+                  design_for(prof.with_overrides(within_gate_drift="none"), paired=False, fresh=True,
+                             mirrored=True, gap=3),
+                  design_for(prof.with_overrides(within_gate_walk=0.0), paired=False, fresh=True,
+                             mirrored=True, gap=3)):
+        assert other.walk == 0.0
+
+
+def test_a_bad_within_gate_walk_is_refused() -> None:
+    for bad in (-0.1, 1.0, "some"):
+        with pytest.raises(ValueError, match="within_gate_walk"):
+            GateProfile.model_validate({"within_gate_walk": bad})

@@ -75,8 +75,11 @@ def test_plan_says_when_a_swap_is_compared_detrended(capsys: pytest.CaptureFixtu
     said = "compared detrended (within_gate_drift: linear)"
     auto = ("  compared plain unless the paired runs trend with time over the swap (slope test "
             "at 10%), then detrended (within_gate_drift: auto)")
+    walk = "; plain, allowing for a random walk of 0.05 of a pair's variance a run (within_gate_walk)"
     default = plan_text(PROF, blind, stored=True, trials=10)
-    assert said not in default and auto in default.splitlines()  # the default: auto
+    assert said not in default and auto + walk in default.splitlines()  # the default: auto
+    assert auto in plan_text(PROF.with_overrides(within_gate_walk=0.0), blind, stored=True,
+                             trials=10).splitlines()
     assert auto not in plan_text(PROF, blind, stored=False, trials=10)  # live: ABBA
     assert auto not in plan_text(PROF.with_overrides(within_gate_drift="none"), blind,
                                  stored=True, trials=10)

@@ -65,6 +65,8 @@ def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False,
                   detrend=detrends(profile, paired=paired, fresh=fresh, mirrored=mirrored),
                   trend_test=TREND_TEST if tests_trend(profile, paired=paired, fresh=fresh,
                                                        mirrored=mirrored) else 0.0,
+                  walk=profile.within_gate_walk if tests_trend(profile, paired=paired, fresh=fresh,
+                                                               mirrored=mirrored) else 0.0,
                   gap=gap if _swap(paired=paired, fresh=fresh, mirrored=mirrored) else 0).start()
 
 

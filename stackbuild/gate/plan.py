@@ -237,7 +237,9 @@ def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str
                      "swap is removed, at a standard error about twice the plain one")
     elif tests_trend(profile, paired=not stored, fresh=fresh, mirrored=stored):
         lines.append("  compared plain unless the paired runs trend with time over the swap "
-                     f"(slope test at {TREND_TEST:.0%}), then detrended (within_gate_drift: auto)")
+                     f"(slope test at {TREND_TEST:.0%}), then detrended (within_gate_drift: auto)"
+                     + (f"; plain, allowing for a random walk of {profile.within_gate_walk:g} of a "
+                        "pair's variance a run (within_gate_walk)" if profile.within_gate_walk else ""))
     if stored and fresh and undecidable(profile, stored=True, fresh=False):
         lines.append("  if the incumbent is not serving at the swap, its stored result of another "
                      "session is all there is, and then: " + str(undecidable(profile, stored=True,

@@ -57,7 +57,15 @@ import numpy as np
 
 from stackbuild.gate.nullsim import ar1_rows, trimmed_rows
 from stackbuild.gate.stats import t_isf
-from stackbuild.gate.trend import detrended, detrended_rows, mirror_separations, trends
+from stackbuild.gate.trend import (
+    detrended,
+    detrended_rows,
+    mirror_separations,
+    trends,
+    walk_rows,
+    walk_variance,
+    walk_variance_rows,
+)
 
 Decision = Literal["pass", "fail", "undecided"]
 _NORMAL = statistics.NormalDist()
@@ -171,6 +179,9 @@ class Design:
     # runs' time of restart between the incumbent's last run and the candidate's first (the
     # swap's gap): the pairs' separations include it, so a drift through it is extrapolated
     gap: int = 0
+    # "auto" on such a swap, compared plain: its variance allows for a machine wandering at
+    # random by this ratio of a pair's own variance a run (within_gate_walk, trend.walk_variance)
+    walk: float = 0.0
 
     def looks(self) -> range:
         return range(self.first, self.last + 1)
@@ -274,11 +285,13 @@ def _null_draws(paired: bool, last: int, stored_runs: int, rho: float, seed: str
 
 @lru_cache(maxsize=16)
 def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: float = 0.0,
-                detrend: bool = False, gap: int = 0) -> np.ndarray:
+                detrend: bool = False, gap: int = 0, walk: float = 0.0,
+                walked: bool = False) -> np.ndarray:
     """The statistic at each look (columns n = first..last) of seeded simulated runs under the
     null (the true ratio on the bar), for paired or stored runs at equal spreads, the runs of
     each side autocorrelated rho (the paired differences then are too); `detrend`: of the
-    detrended statistic.
+    detrended statistic; `walk`: of the plain statistic allowing for a walk of that ratio
+    (trend.walk_variance), the paths `walked` by it or not.
 
     The draws are `_null_draws`'s (seeded by the design); the statistic is `statistic`'s
     (paired: `robust` or `detrended` of the differences; stored: Yuen's difference of the two
@@ -286,6 +299,10 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: floa
     (tests/test_gate_stats.py holds the two equal)."""
     seed = f"{first}:{last}:{stored_runs}:{paired}:{rho}" + (f":trend{gap or ''}" if detrend else "")
     xs, base = _null_draws(paired, last, stored_runs, rho, seed)
+    if walk and walked:
+        seed += f":walk{walk}:{gap}"
+        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big"))
+        xs = xs + walk_rows(rng, len(xs), last, gap, walk)
     m = base.shape[1]
     mi, vi = trimmed_rows(base, trim_count(m)) if m >= 2 and not paired else (base[:, 0], None)
     cols = []
@@ -294,6 +311,8 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: floa
             cols.append(np.zeros(len(xs)))
             continue
         mc, vc = detrended_rows(xs[:, :n], gap) if detrend else trimmed_rows(xs[:, :n], trim_count(n))
+        if walk and n >= 3:
+            vc = np.maximum(vc, walk_variance_rows(xs[:, :n], gap, walk))
         se = np.sqrt(vc if paired else vc + (vc if vi is None else vi))
         with np.errstate(divide="ignore", invalid="ignore"):
             cols.append(np.where((se > 0) & np.isfinite(se), (mc - mi) / se, 0.0))
@@ -303,9 +322,9 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: floa
 
 
 def _lambda(design: Design, stored_runs: int, alpha: float, side: int,
-            nominal: tuple[float, ...], rho: float) -> float:
+            nominal: tuple[float, ...], rho: float, walked: bool = False) -> float:
     paths = _null_paths(design.paired, design.first, design.last, stored_runs, rho, design.detrend,
-                        design.gap if design.detrend else 0)
+                        design.gap if design.detrend or design.walk else 0, design.walk, walked)
     worst = np.sort((side * paths / np.array(nominal)).max(axis=1))
     return float(worst[min(len(worst) - 1, math.ceil((1.0 - alpha) * len(worst)))])
 
@@ -323,13 +342,16 @@ def _criticals(design: Design, stored_runs: int, alpha: float, side: int = 1) ->
     lambda, the (1 - alpha) quantile of max_k T_k / c_k over seeded simulated null paths,
     makes the size alpha up to simulation error (sd ~0.0008 at 40 000 paths). The factor is
     the largest over independent runs and AR(1) runs of lag-1 correlation
-    `design.correlation` (the declared worst case), so the size holds for either.
+    `design.correlation` (the declared worst case), so the size holds for either; allowing
+    for a walk (`design.walk`), the largest also over paths with and without that walk.
     """
     nominal = _nominal_t(design, stored_runs, alpha)
     if design.df(design.first, stored_runs) < 1:
         return nominal
     rhos = {0.0, design.correlation}
-    lam = max(_lambda(design, stored_runs, alpha, side, nominal, r) for r in sorted(rhos))
+    walks = (False, True) if design.walk else (False,)
+    lam = max(_lambda(design, stored_runs, alpha, side, nominal, r, w)
+              for r in sorted(rhos) for w in walks)
     # paired, the statistic's null distribution is free of the spread: lambda is used as found,
     # below 1 too; two-sample it is sized at equal spreads, where the min(n, m) - 1 degrees of
     # freedom are most conservative, so it only ever widens the boundary there
@@ -362,8 +384,8 @@ def resolved(design: Design, cand: Sequence[float], inc: Sequence[float]) -> Des
     n = min(len(cand), len(inc))
     diffs = [math.log(a) - math.log(b) for a, b in zip(cand[:n], inc[:n], strict=True)]
     if trends(diffs, mirror_separations(n, design.gap), design.trend_test):
-        return replace(design, trend_test=0.0, detrend=True, first=max(design.first, 3))
-    return replace(design, trend_test=0.0, gap=0)
+        return replace(design, trend_test=0.0, detrend=True, walk=0.0, first=max(design.first, 3))
+    return replace(design, trend_test=0.0, gap=design.gap if design.walk else 0)
 
 
 def statistic(cand: Sequence[float], inc: Sequence[float],
@@ -380,6 +402,8 @@ def statistic(cand: Sequence[float], inc: Sequence[float],
         diffs = [a - b for a, b in zip(cand[:n], inc[:n], strict=True)]
         est, var, df = (detrended(diffs, mirror_separations(n, design.gap)) if design.detrend
                         else robust(diffs))
+        if design.walk and not design.detrend and n >= 3:
+            var = max(var, walk_variance(diffs, design.gap, design.walk))
         se = math.sqrt(var + design.drift ** 2) if n >= 2 else math.nan
         return est, se, float(df)
     nc, ni = len(cand), len(inc)

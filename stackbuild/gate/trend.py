@@ -81,3 +81,55 @@ def trends(ds: Sequence[float], at: Sequence[float], level: float) -> bool:
     if rss <= 0.0:
         return slope != 0.0
     return abs(slope) / math.sqrt(rss / (n - 2) / sxx) > t_isf(level / 2.0, n - 2)
+
+
+@lru_cache(maxsize=64)
+def _walk_basis(n: int, gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """K_ij = 2 min(a_i, a_j) at a = mirror_separations(n, gap): the covariance of a random walk
+    of variance 1 a run between pair i's two runs and pair j's (nested intervals about the
+    switch). (its eigenvalues, eigenvectors, the eigenvectors' sums U'1, 1'K1)."""
+    a = np.array(mirror_separations(n, gap))
+    k = 2.0 * np.minimum.outer(a, a)
+    lam, u = np.linalg.eigh(k)
+    return lam, u, u.T @ np.ones(n), float(k.sum())
+
+
+def walk_variance(ds: Sequence[float], gap: int, ratio: float) -> float:
+    """The variance of the plain mean of a swap's paired differences `ds` (at
+    `mirror_separations(len(ds), gap)`), allowing for a machine that wanders at random by
+    `ratio` times a pair's own variance a run.
+
+    A random walk of variance s^2 a run moves pair i by the walk between its two runs, 2 a_i
+    runs apart, and the pairs' intervals are nested about the switch, so Cov(d_i, d_j) =
+    sigma^2 [i = j] + s^2 K_ij, K_ij = 2 min(a_i, a_j): the local level model (Harvey 1989,
+    Forecasting, Structural Time Series Models and the Kalman Filter, ch. 2) seen through the
+    pairs, at the signal-to-noise ratio q = s^2 / sigma^2 = `ratio`. sigma^2 is estimated
+    from the pairs' residuals under that covariance (generalised least squares, n - 1
+    degrees of freedom); the mean's variance is then sigma^2 (n + q 1'K1) / n^2: the walk
+    the pairs share (the restart's, and the inner pairs' inside the outer ones'), which their
+    sample variance does not show. Below 3 pairs: nan."""
+    n = len(ds)
+    if n < 3:
+        return math.nan
+    return float(walk_variance_rows(np.asarray([ds], dtype=float), gap, ratio)[0])
+
+
+def walk_variance_rows(ds: np.ndarray, gap: int, ratio: float) -> np.ndarray:
+    """`walk_variance` of each row (n >= 3 pairs), for many rows at once (sequential._null_paths)."""
+    n = ds.shape[1]
+    lam, u, u1, ksum = _walk_basis(n, gap)
+    w = 1.0 / (1.0 + ratio * lam)  # the eigenvalues of (I + q K)^-1
+    z = ds @ u
+    b11 = float(w @ (u1 * u1))
+    rss: np.ndarray = np.maximum((z * z) @ w - ((z * u1) @ w) ** 2 / b11, 0.0)
+    var: np.ndarray = rss * ((n + ratio * ksum) / (n * n * (n - 1)))
+    return var
+
+
+def walk_rows(rng: np.random.Generator, rows: int, n: int, gap: int, ratio: float) -> np.ndarray:
+    """The walk's part of `rows` rows of n pairs at `ratio` (a pair's own variance 1): pair
+    i's walk over its interval, 2 a_i runs, each interval holding the one inside it."""
+    a = np.array(mirror_separations(n, gap))
+    steps = np.diff(np.concatenate(([0.0], 2.0 * a)))
+    walked: np.ndarray = np.cumsum(rng.standard_normal((rows, n)) * np.sqrt(ratio * steps), axis=1)
+    return walked
