@@ -31,12 +31,13 @@ variance as a known component.
 
 On a swap the incumbent is measured right before it is stopped, in mirror order (its run i
 i + 1/2 runs before the switch, the candidate's i + 1/2 after: decide.reference_order); where
-the profile declares `within_gate_drift: linear` (decide.detrends; by default the paired
-statistic above) it is `detrended`: the analysis of covariance of d_i on the pair's
-separation (Cochran 1957, Biometrics 13:261-281), its intercept the difference with the two
-runs measured at once, on n - 2 degrees of freedom; a linear drift of the machine shared by
-both sides no longer reads as a difference. Its boundaries are sized on null paths of that
-statistic.
+the profile declares `within_gate_drift: linear` (decide.detrends), or by default (auto) where
+the pairs trend with their separation (`resolved`), it is `detrended`: the analysis of
+covariance of d_i on the pair's separation (Cochran 1957, Biometrics 13:261-281), its
+intercept the difference with the two runs measured at once, on n - 2 degrees of freedom; a
+linear drift of the machine shared by both sides no longer reads as a difference. Compared
+plain under auto, its variance allows for a machine that wanders at random (`within_gate_walk`,
+trend.walk_variance). Each is sized on null paths of its own statistic (walked and not).
 
 The interval reported at a look, [ratio * exp(-c_pass * se), ratio * exp(c_fail * se)], is
 the repeated confidence interval of the two tests (Jennison & Turnbull 2000, ch. 9): the
@@ -55,17 +56,10 @@ from typing import Literal
 
 import numpy as np
 
+from stackbuild.gate import trend
 from stackbuild.gate.nullsim import ar1_rows, trimmed_rows
 from stackbuild.gate.stats import t_isf
-from stackbuild.gate.trend import (
-    detrended,
-    detrended_rows,
-    mirror_separations,
-    trends,
-    walk_rows,
-    walk_variance,
-    walk_variance_rows,
-)
+from stackbuild.gate.trend import detrended, detrended_rows, mirror_separations, trends
 
 Decision = Literal["pass", "fail", "undecided"]
 _NORMAL = statistics.NormalDist()
@@ -302,7 +296,7 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: floa
     if walk and walked:
         seed += f":walk{walk}:{gap}"
         rng = np.random.default_rng(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big"))
-        xs = xs + walk_rows(rng, len(xs), last, gap, walk)
+        xs = xs + trend.walk_rows(rng, len(xs), last, gap, walk)
     m = base.shape[1]
     mi, vi = trimmed_rows(base, trim_count(m)) if m >= 2 and not paired else (base[:, 0], None)
     cols = []
@@ -312,7 +306,7 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: floa
             continue
         mc, vc = detrended_rows(xs[:, :n], gap) if detrend else trimmed_rows(xs[:, :n], trim_count(n))
         if walk and n >= 3:
-            vc = np.maximum(vc, walk_variance_rows(xs[:, :n], gap, walk))
+            vc = np.maximum(vc, trend.walk_variance_rows(xs[:, :n], gap, walk))
         se = np.sqrt(vc if paired else vc + (vc if vi is None else vi))
         with np.errstate(divide="ignore", invalid="ignore"):
             cols.append(np.where((se > 0) & np.isfinite(se), (mc - mi) / se, 0.0))
@@ -403,7 +397,7 @@ def statistic(cand: Sequence[float], inc: Sequence[float],
         est, var, df = (detrended(diffs, mirror_separations(n, design.gap)) if design.detrend
                         else robust(diffs))
         if design.walk and not design.detrend and n >= 3:
-            var = max(var, walk_variance(diffs, design.gap, design.walk))
+            var = max(var, trend.walk_variance(diffs, design.gap, design.walk))
         se = math.sqrt(var + design.drift ** 2) if n >= 2 else math.nan
         return est, se, float(df)
     nc, ni = len(cand), len(inc)
