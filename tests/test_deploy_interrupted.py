@@ -103,6 +103,13 @@ def test_rollback_to_previous_digest(project: Project) -> None:
     ensure_incumbent(p)
     r = p.deploy("good2")
     assert r.returncode == 0, r.stdout + r.stderr
+    # a swap: its gate compared with the incumbent measured right before, and says over how long
+    # a restart (what `gate --plan` reads the machine's walk with)
+    from stackbuild.results.ledger import Ledger
+
+    with Ledger(p.ledger) as ledger:
+        compared = [g.result for g in ledger.gate_runs() if g.result.baseline_source == "stored"]
+    assert compared and all(lv.swap_gap is not None and lv.swap_gap >= 0 for lv in compared[-1].levels)
     st = p.state()
     r = p.run("rollback", "--service", p.service)
     assert r.returncode == 0, r.stdout + r.stderr

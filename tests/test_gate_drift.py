@@ -39,7 +39,7 @@ from stackbuild.gate.decide import (
 from stackbuild.gate.result import RunMetrics
 from stackbuild.gate.sequential import Design, resolved, statistic
 from stackbuild.gate.simulate import drive, rates, run_metrics
-from stackbuild.gate.trend import detrended, mirror_separations, trends, walk_variance
+from stackbuild.gate.trend import detrended, mirror_separations, trends, walk_rows, walk_seen, walk_variance
 from stackbuild.spec.profile import BUILTIN_PROFILES, GateProfile
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "gate_calibration.py"
@@ -313,3 +313,20 @@ def test_a_bad_within_gate_walk_is_refused() -> None:
     for bad in (-0.1, 1.0, "some"):
         with pytest.raises(ValueError, match="within_gate_walk"):
             GateProfile.model_validate({"within_gate_walk": bad})
+
+
+def test_walk_seen_reads_the_walk_of_many_swaps_seeded() -> None:
+    """Pooled over 30 seeded swaps of 15 pairs (a 3 runs' restart, a pair's own sd 1%), the
+    restricted-likelihood estimate lands near the walk they were drawn with, and near none for
+    a machine that holds still; a swap below 4 pairs tells nothing."""
+    rng = np.random.default_rng(26)
+
+    def swaps(q: float) -> list[tuple[list[float], int]]:
+        return [(list(0.01 * (rng.standard_normal(15) + walk_rows(rng, 1, 15, 3, q)[0])), 3)
+                for _ in range(30)]
+
+    still, n = walk_seen(swaps(0.0))
+    assert n == 450 and still <= 0.01
+    wandering, _ = walk_seen(swaps(0.2))
+    assert 0.1 <= wandering <= 0.4
+    assert walk_seen([([0.01, 0.02, 0.0], 3)]) == (0.0, 0)

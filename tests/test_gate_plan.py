@@ -202,3 +202,36 @@ def test_the_summary_names_the_baseline_and_its_age() -> None:
     assert "· margin 2% ·" in markdown_summary(res)
     live = res.model_copy(update={"baseline_source": "live", "baseline_name": "http://127.0.0.1:2"})
     assert baseline_text(live) == "live http://127.0.0.1:2 (runs alternating, compared pairwise)"
+
+
+def _swap(at: str, cand: list[float], inc: list[float], gap: int) -> GateResult:
+    """A swap's result: the candidate's runs against the incumbent's measured right before."""
+    r = _result("cand", at, cand, cand)
+    levels = tuple(lv.model_copy(update={"baseline_runs_tok_s": tuple(inc), "swap_gap": gap, "paired": False})
+                   for lv in r.levels)
+    return r.model_copy(update={"levels": levels, "baseline_source": "stored"})
+
+
+def test_plan_reads_the_walk_the_swaps_showed() -> None:
+    """The swaps' pairs, log(candidate run i / incumbent run i), at each level's restart, are
+    what trend.walk_seen weighs; the plan says what it saw and asks for more allowance when it
+    saw more than the profile allows for. Results that are no swap add nothing."""
+    inc = [100.0, 101.0, 99.0, 100.5, 99.5]
+    near = [100.2, 100.9, 99.3, 100.4, 99.8]  # pairs that hold still
+    # pairs that wander, each one further from the switch carrying the walk of the one inside it
+    far = [i * math.exp(d) for i, d in zip(inc, (0.002, 0.011, 0.006, 0.021, 0.034), strict=True)]
+    quiet = noise_from([_swap("2026-11-01T00:00:00+00:00", near, inc, 3)], PROF)
+    loud = noise_from([_swap("2026-11-01T00:00:00+00:00", far, inc, 3)], PROF)
+    pairs = [math.log(c / i) for c, i in zip(far, inc, strict=True)]
+    from stackbuild.gate.trend import walk_seen
+
+    assert loud.walk == walk_seen([(pairs, 3), (pairs, 3)])[0] and loud.walk_pairs == 10  # both levels
+    assert quiet.walk is not None and quiet.walk < loud.walk
+    assert noise_from([_result("base", "t", inc, inc)], PROF).walk is None  # no swap among them
+    said = plan_text(PROF, loud, stored=True, trials=10)
+    line = next(ln for ln in said.splitlines() if "random walk of" in ln and "showed" in ln)
+    assert line == (f"  the swaps' pairs showed a random walk of {loud.walk:.3g} of a pair's variance a run "
+                    "(10 pairs; the profile allows for 0.05)"
+                    + (": set within_gate_walk to keep the stated errors" if loud.walk > 0.05 else ""))
+    assert loud.walk > 0.05
+    assert "showed a random walk" not in plan_text(PROF, loud, stored=False, trials=10)  # live: ABBA

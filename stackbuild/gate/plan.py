@@ -24,6 +24,7 @@ from stackbuild.gate import agreement
 from stackbuild.gate.decide import TREND_TEST, design_for, detrends, tests_trend
 from stackbuild.gate.result import GateResult
 from stackbuild.gate.simulate import Noise, trial
+from stackbuild.gate.trend import walk_seen
 from stackbuild.spec.profile import GateProfile
 
 # the spread assumed at a level no result has measured: about the simulator's (1.1-1.4%
@@ -47,6 +48,10 @@ class NoiseSeen:
     # lag-1 autocorrelation of successive runs (of the paired differences where the incumbent
     # ran live, else of the candidate's runs), pooled; None below 20 pairs of runs
     correlation: float | None = None
+    # the random walk of the machine the swaps' pairs showed, as a ratio of a pair's variance
+    # a run (trend.walk_seen), and the pairs it comes from; None without a swap of 4 pairs
+    walk: float | None = None
+    walk_pairs: int = 0
 
 
 def _log_sd(xs: list[float]) -> tuple[float, int]:
@@ -68,6 +73,7 @@ def noise_from(results: Iterable[GateResult], profile: GateProfile) -> NoiseSeen
     rates: dict[int, list[float]] = defaultdict(list)
     medians: dict[tuple[str, str, int], list[tuple[float, int]]] = defaultdict(list)
     lag = [0.0, 0.0, 0]  # sum of products of successive deviations, sum of squares, pairs
+    swaps: list[tuple[list[float], int]] = []
     for r in mine:
         host = ",".join(f"{k}={r.host.get(k, '')}" for k in ("gpu_model", "gpu_count", "driver"))
         for lv in r.levels:
@@ -77,6 +83,9 @@ def noise_from(results: Iterable[GateResult], profile: GateProfile) -> NoiseSeen
                 df[lv.concurrency] += d
             _lag1([x.output_tok_s for x in lv.runs],
                   list(lv.baseline_runs_tok_s) if lv.paired else [], lag)
+            if lv.swap_gap is not None:  # run i against the incumbent's run i, measured right before
+                both = zip((x.output_tok_s for x in lv.runs), lv.baseline_runs_tok_s, strict=False)
+                swaps.append(([math.log(x / b) for x, b in both if x > 0 and b > 0], lv.swap_gap))
             secs[lv.concurrency] += [x.duration_s for x in lv.runs]
             rates[lv.concurrency] += [x.output_tok_s for x in lv.runs]
             if lv.runs and lv.median_output_tok_s > 0:
@@ -97,7 +106,9 @@ def noise_from(results: Iterable[GateResult], profile: GateProfile) -> NoiseSeen
             pairs += len(ms) - 1
     drift = math.sqrt(max(0.0, between / pairs)) if pairs else None
     corr = lag[0] / lag[1] if lag[2] >= 20 and lag[1] > 0 else None
-    return NoiseSeen(levels=levels, drift=drift, results=len(mine), correlation=corr)
+    walk, walk_pairs = walk_seen(swaps)
+    return NoiseSeen(levels=levels, drift=drift, results=len(mine), correlation=corr,
+                     walk=walk if walk_pairs else None, walk_pairs=walk_pairs)
 
 
 def _lag1(cand: list[float], inc: list[float], acc: list[float]) -> None:
@@ -247,6 +258,11 @@ def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str
     if noise.correlation is not None and noise.correlation > profile.run_correlation + 0.1:
         lines.append(f"  successive runs were correlated {noise.correlation:.2f} (the profile assumes "
                      f"{profile.run_correlation:g}): set run_correlation to keep the stated errors")
+    if noise.walk is not None and stored and fresh:
+        lines.append(f"  the swaps' pairs showed a random walk of {noise.walk:.3g} of a pair's variance a run "
+                     f"({noise.walk_pairs} pairs; the profile allows for {profile.within_gate_walk:g})"
+                     + (": set within_gate_walk to keep the stated errors"
+                        if noise.walk > profile.within_gate_walk else ""))
     if profile.agreement_prompts:
         requests, secs = agreement_cost(profile, noise, stored=stored)
         parts = ", ".join(f"{p.name} {p.prompts}" for p in agreement.plan(profile))

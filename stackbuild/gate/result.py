@@ -84,6 +84,10 @@ class LevelResult(_Frozen):
     # or a result written before they were counted). Clients of their own slow a side down.
     outside_requests: int | None = None
     incumbent_outside_requests: int | None = None
+    # a swap's comparison (its incumbent measured right before it, in mirror order): the restart
+    # between the two sides, in runs (decide.swap_gap), which `gate --plan` reads the walk of the
+    # machine with; None for any other comparison
+    swap_gap: int | None = None
 
 
 class ProbeResult(_Frozen):

@@ -202,8 +202,9 @@ async def _run_level(
     theirs = outside_requests(before[1], after[1], sent_inc)
     notes = busy_notes(c, mine=mine, theirs=theirs if inc_url else stored.outside_requests if stored else None,
                        live=inc_url is not None, compared=inc_url is not None or stored is not None)
+    swap = fresh and inc_url is None and mirrored(kept)  # as decide._swap
     return lv.model_copy(update={"outside_requests": mine, "incumbent_outside_requests": theirs,
-                                 "reasons": (*lv.reasons, *notes)})
+                                 "reasons": (*lv.reasons, *notes), "swap_gap": design.gap if swap else None})
 
 
 async def _finished(url: str | None) -> float | None:

@@ -133,3 +133,31 @@ def walk_rows(rng: np.random.Generator, rows: int, n: int, gap: int, ratio: floa
     steps = np.diff(np.concatenate(([0.0], 2.0 * a)))
     walked: np.ndarray = np.cumsum(rng.standard_normal((rows, n)) * np.sqrt(ratio * steps), axis=1)
     return walked
+
+
+# the ratios `walk_seen` weighs: none, then 10^-3 .. 10^1 (a walk far below a pair's own
+# noise a run to far above it)
+_RATIOS = np.concatenate(([0.0], np.logspace(-3.0, 1.0, 41)))
+
+
+def walk_seen(swaps: Sequence[tuple[Sequence[float], int]]) -> tuple[float, int]:
+    """(the walk ratio q that the swaps' paired differences show, pairs used): restricted
+    maximum likelihood (Patterson & Thompson 1971, Biometrika 58:545-554) of the local level
+    model `walk_variance` allows for, each swap (its differences at
+    `mirror_separations(n, gap)`) with its own mean and its own sigma^2 profiled out, q shared
+    and taken from a grid (0, then 10^-3..10). A few swaps say little: the estimate is for
+    `gate --plan` to show beside the declared ratio, not for the gate to decide by. Swaps of
+    fewer than 4 pairs tell nothing (one degree of freedom past the mean and sigma^2): skipped."""
+    total, pairs = np.zeros(len(_RATIOS)), 0
+    for ds, gap in swaps:
+        n = len(ds)
+        if n < 4:
+            continue
+        lam, u, u1, _ = _walk_basis(n, gap)
+        w = 1.0 / (1.0 + np.outer(_RATIOS, lam))
+        z = u.T @ np.asarray(ds, dtype=float)
+        a11 = w @ (u1 * u1)
+        rss = np.maximum(w @ (z * z) - (w @ (u1 * z)) ** 2 / a11, 1e-300)
+        total += -0.5 * ((n - 1) * np.log(rss / (n - 1)) - np.log(w).sum(axis=1) + np.log(a11))
+        pairs += n
+    return (float(_RATIOS[int(np.argmax(total))]) if pairs else 0.0), pairs
