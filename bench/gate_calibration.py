@@ -9,7 +9,7 @@ P(inconclusive) and the mean and 95th percentile of the candidate's runs per lev
 --trials trials a cell. Every profile is left as a user leaves it: run_correlation
 undeclared (the default), session_drift the default 1%, within_gate_drift the default "auto"
 (a swap compared plain unless its paired runs trend with time, then detrended; compared plain,
-allowing for a random walk of within_gate_walk, 0.05 of a pair's variance a run), but for
+allowing for a random walk of within_gate_walk, 0.03 of a pair's variance a run), but for
 walk_lin, which declares "linear".
 
 Cells (stackbuild/gate/simulate.py says where each figure comes from):
@@ -37,10 +37,12 @@ Cells (stackbuild/gate/simulate.py says where each figure comes from):
            1%): the deploy measures the incumbent right before it stops it and compares with
            that, so the stored result only shows the drift
   walk     the drift cell with the machine wandering instead: a random walk, sd 0.5% a run
-           pair (`--walk`), the profile as a user leaves it (auto, within_gate_walk 0.05):
+           pair (`--walk`), the profile as a user leaves it (auto, within_gate_walk 0.03):
            the random-walk reading of the drift cell's line
-  walk_lin the walk cell with the profile's within_gate_drift: linear (always detrended);
-           last, so that the cells above keep their seeds (seed + 1000 x the cell's place)
+  walk_lin the walk cell with the profile's within_gate_drift: linear (always detrended)
+  still    the drift cell with a machine that holds still: what the walk's allowance costs a
+           swap on the simulator's spread
+  (each new cell last, so that the cells above keep their seeds: seed + 1000 x the cell's place)
 
 A swap (users, users3, drift, session3, walk, walk_lin) has `--gap` runs' time between the
 incumbent's last run and the candidate's first (the restart; default 3), the drift going on
@@ -130,6 +132,10 @@ def models(walk: float = 0.005) -> list[Model]:
               Noise("walk", {32: SIM_NOISE.at(32)}, ar=SIM_NOISE.ar, walk=walk),
               quick.with_overrides(concurrency=(32,), within_gate_drift="linear"), stored=True,
               stored_runs=quick.baseline_runs(), fresh=True),
+        Model("still", "C=32 must not lose, swap, no drift",
+              Noise("still", {32: SIM_NOISE.at(32)}, ar=SIM_NOISE.ar),
+              quick.with_overrides(concurrency=(32,)), stored=True,
+              stored_runs=quick.baseline_runs(), fresh=True),
     ]
 
 
@@ -159,10 +165,11 @@ def ratios(m: Model, offset: float | None) -> dict[int, float]:
             for c in m.profile.concurrency}
 
 
-def cell(args: tuple[int, int, int, int, int, str, float]) -> Rates:
-    mi, oi, trials, seed, gap, within, walk = args
+def cell(args: tuple[int, int, int, int, int, str, float, float | None]) -> Rates:
+    mi, oi, trials, seed, gap, within, walk, allow = args
     m = models(walk)[mi]
     profile = m.profile.with_overrides(within_gate_drift=within) if within else m.profile
+    profile = profile.with_overrides(within_gate_walk=allow) if allow is not None else profile
     return rates(profile, m.noise, ratios(m, OFFSETS[oi][1]), stored=m.stored,
                  stored_runs=m.stored_runs, trials=trials, seed=seed + 1000 * mi + oi,
                  fresh=m.fresh, gap=gap)
@@ -180,6 +187,8 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
                          "cell declares)")
     ap.add_argument("--walk", type=float, default=0.005,
                     help="the walk cells' random walk, sd a run pair (default 0.005)")
+    ap.add_argument("--within-gate-walk", type=float, default=None,
+                    help="every cell's profile with this within_gate_walk (default: the profile's)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--models", default=",".join(m.name for m in models()),
                     help="comma-separated subset")
@@ -191,7 +200,7 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     t0 = time.monotonic()
     chosen = [i for i, m in enumerate(models()) if m.name in args.models.split(",")]
     cells = [i for i, (k, _) in enumerate(OFFSETS) if k in args.cells.split(",")]
-    jobs = [(mi, oi, args.trials, args.seed, args.gap, args.within_gate_drift, args.walk)
+    jobs = [(mi, oi, args.trials, args.seed, args.gap, args.within_gate_drift, args.walk, args.within_gate_walk)
             for mi in chosen for oi in cells]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -214,6 +223,8 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
          + (f"within_gate_drift {args.within_gate_drift} in every cell, "
             if args.within_gate_drift else "")
          + (f"walk {args.walk:g} a run pair, " if args.walk != 0.005 else "")
+         + (f"within_gate_walk {args.within_gate_walk:g} in every cell, "
+            if args.within_gate_walk is not None else "")
          + f"{time.monotonic() - t0:.0f} s")
     for mi in chosen:
         name = models()[mi].name
