@@ -9,7 +9,7 @@ P(inconclusive) and the mean and 95th percentile of the candidate's runs per lev
 --trials trials a cell. Every profile is left as a user leaves it: run_correlation
 undeclared (the default), session_drift the default 1%, within_gate_drift the default "auto"
 (a swap compared plain unless its paired runs trend with time, then detrended; compared plain,
-allowing for a random walk of within_gate_walk, 0.03 of a pair's variance a run), but for
+allowing for a random walk of within_gate_walk, 0.05 of a pair's variance a run), but for
 walk_lin, which declares "linear".
 
 Cells (stackbuild/gate/simulate.py says where each figure comes from):
@@ -37,7 +37,7 @@ Cells (stackbuild/gate/simulate.py says where each figure comes from):
            1%): the deploy measures the incumbent right before it stops it and compares with
            that, so the stored result only shows the drift
   walk     the drift cell with the machine wandering instead: a random walk, sd 0.5% a run
-           pair (`--walk`), the profile as a user leaves it (auto, within_gate_walk 0.03):
+           pair (`--walk`), the profile as a user leaves it (auto, within_gate_walk 0.05):
            the random-walk reading of the drift cell's line
   walk_lin the walk cell with the profile's within_gate_drift: linear (always detrended)
   still    the drift cell with a machine that holds still: what the walk's allowance costs a
