@@ -58,36 +58,35 @@ def design_for(profile: GateProfile, *, paired: bool, fresh: bool = False,
     wl = profile.workload()
     alpha = (1.0 - profile.confidence) / 2.0
     family = max(1, len(profile.required_levels()))
+    auto = tests_trend(profile, paired=paired, fresh=fresh, mirrored=mirrored)
     return Design(paired=True, first=wl.runs, last=wl.max_runs, alpha_pass=alpha,
                   alpha_fail=alpha / family,
                   drift=0.0 if paired or fresh else profile.session_drift,
                   correlation=profile.run_correlation,
                   detrend=detrends(profile, paired=paired, fresh=fresh, mirrored=mirrored),
-                  trend_test=TREND_TEST if tests_trend(profile, paired=paired, fresh=fresh,
-                                                       mirrored=mirrored) else 0.0,
-                  walk=profile.within_gate_walk if tests_trend(profile, paired=paired, fresh=fresh,
-                                                               mirrored=mirrored) else 0.0,
-                  gap=gap if _swap(paired=paired, fresh=fresh, mirrored=mirrored) else 0).start()
+                  trend_test=TREND_TEST if auto else 0.0,
+                  walk=profile.within_gate_walk if auto else 0.0,
+                  gap=gap if is_swap(paired=paired, fresh=fresh, mirrored=mirrored) else 0).start()
 
 
-def _swap(*, paired: bool, fresh: bool, mirrored: bool) -> bool:
+def is_swap(*, paired: bool, fresh: bool, mirrored: bool) -> bool:
     """A swap's baseline: fresh, measured in mirror order and not live (a live incumbent
     alternates ABBA: a drift favours neither side)."""
     return fresh and mirrored and not paired
 
 
 def detrends(profile: GateProfile, *, paired: bool, fresh: bool, mirrored: bool) -> bool:
-    """Whether a level is always compared detrended: a swap's baseline (`_swap`), the profile
+    """Whether a level is always compared detrended: a swap's baseline (`is_swap`), the profile
     declaring a linear drift within the gate (`within_gate_drift: linear`)."""
-    return profile.within_gate_drift == "linear" and _swap(paired=paired, fresh=fresh,
-                                                            mirrored=mirrored)
+    return profile.within_gate_drift == "linear" and is_swap(paired=paired, fresh=fresh,
+                                                              mirrored=mirrored)
 
 
 def tests_trend(profile: GateProfile, *, paired: bool, fresh: bool, mirrored: bool) -> bool:
     """Whether each look tests a swap's pairs for a trend first (`within_gate_drift: auto`,
     sequential.resolved)."""
-    return profile.within_gate_drift == "auto" and _swap(paired=paired, fresh=fresh,
-                                                          mirrored=mirrored)
+    return profile.within_gate_drift == "auto" and is_swap(paired=paired, fresh=fresh,
+                                                            mirrored=mirrored)
 
 
 def reference_order(n: int) -> list[int]:

@@ -24,6 +24,7 @@ from stackbuild.gate.decide import (
     bar_violations,
     busy_notes,
     design_for,
+    is_swap,
     level_summary,
     mirrored,
     overall,
@@ -193,7 +194,8 @@ async def _run_level(
     # when the profile says within_gate_drift: linear (decide.detrends)
     kept = sorted(stored.runs, key=lambda r: r.index) if stored is not None else []
     stored_runs = [r.output_tok_s for r in kept] if stored is not None else None
-    design = design_for(profile, paired=inc_url is not None, fresh=fresh, mirrored=mirrored(kept),
+    mirror = mirrored(kept)
+    design = design_for(profile, paired=inc_url is not None, fresh=fresh, mirrored=mirror,
                         gap=swap_gap(kept, time.time()))
     before = await asyncio.gather(_finished(url), _finished(inc_url))
     lv = await run_level(c, take, profile, design, stored_runs, done, live=inc_url is not None)
@@ -202,7 +204,7 @@ async def _run_level(
     theirs = outside_requests(before[1], after[1], sent_inc)
     notes = busy_notes(c, mine=mine, theirs=theirs if inc_url else stored.outside_requests if stored else None,
                        live=inc_url is not None, compared=inc_url is not None or stored is not None)
-    swap = fresh and inc_url is None and mirrored(kept)  # as decide._swap
+    swap = is_swap(paired=inc_url is not None, fresh=fresh, mirrored=mirror)
     return lv.model_copy(update={"outside_requests": mine, "incumbent_outside_requests": theirs,
                                  "reasons": (*lv.reasons, *notes), "swap_gap": design.gap if swap else None})
 

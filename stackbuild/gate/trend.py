@@ -114,15 +114,23 @@ def walk_variance(ds: Sequence[float], gap: int, ratio: float) -> float:
     return float(walk_variance_rows(np.asarray([ds], dtype=float), gap, ratio)[0])
 
 
+def _gls(ds: np.ndarray, gap: int, ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Generalised least squares of a mean, rows `ds` (rows x n pairs) under covariance I + q K at
+    each of `ratios`, through K's eigenbasis: (residual sums of squares, rows x ratios;
+    1'(I + q K)^-1 1 and log |I + q K|, each per ratio)."""
+    lam, u, u1, _ = _walk_basis(ds.shape[1], gap)
+    w = 1.0 / (1.0 + np.outer(ratios, lam))  # the eigenvalues of (I + q K)^-1, a row per q
+    z = ds @ u
+    b11 = w @ (u1 * u1)
+    rss: np.ndarray = np.maximum((z * z) @ w.T - ((z * u1) @ w.T) ** 2 / b11, 0.0)
+    return rss, b11, -np.log(w).sum(axis=1)
+
+
 def walk_variance_rows(ds: np.ndarray, gap: int, ratio: float) -> np.ndarray:
     """`walk_variance` of each row (n >= 3 pairs), for many rows at once (sequential._null_paths)."""
     n = ds.shape[1]
-    lam, u, u1, ksum = _walk_basis(n, gap)
-    w = 1.0 / (1.0 + ratio * lam)  # the eigenvalues of (I + q K)^-1
-    z = ds @ u
-    b11 = float(w @ (u1 * u1))
-    rss: np.ndarray = np.maximum((z * z) @ w - ((z * u1) @ w) ** 2 / b11, 0.0)
-    var: np.ndarray = rss * ((n + ratio * ksum) / (n * n * (n - 1)))
+    rss, _, _ = _gls(ds, gap, np.array([ratio]))
+    var: np.ndarray = rss[:, 0] * ((n + ratio * _walk_basis(n, gap)[3]) / (n * n * (n - 1)))
     return var
 
 
@@ -153,11 +161,7 @@ def walk_seen(swaps: Sequence[tuple[Sequence[float], int]]) -> tuple[float, int]
         n = len(ds)
         if n < 4:
             continue
-        lam, u, u1, _ = _walk_basis(n, gap)
-        w = 1.0 / (1.0 + np.outer(_RATIOS, lam))
-        z = u.T @ np.asarray(ds, dtype=float)
-        a11 = w @ (u1 * u1)
-        rss = np.maximum(w @ (z * z) - (w @ (u1 * z)) ** 2 / a11, 1e-300)
-        total += -0.5 * ((n - 1) * np.log(rss / (n - 1)) - np.log(w).sum(axis=1) + np.log(a11))
+        rss, b11, logdet = _gls(np.asarray([ds], dtype=float), gap, _RATIOS)
+        total += -0.5 * ((n - 1) * np.log(np.maximum(rss[0], 1e-300) / (n - 1)) + logdet + np.log(b11))
         pairs += n
     return (float(_RATIOS[int(np.argmax(total))]) if pairs else 0.0), pairs
