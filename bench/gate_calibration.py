@@ -25,6 +25,8 @@ Cells (stackbuild/gate/simulate.py says where each figure comes from):
   sim      the simulator's spread over HTTP, measured, its runs' autocorrelation included
            (lag-1 0.4 at C=8, 0.04 at C=32); the Done-when gate of issue 19: builtin
            `quick`, --concurrency 8,32 --tolerance 0, live incumbent in ABBA order
+           (`--sim-ar`: another correlation at C=8; on an idle machine two series of 30
+           runs read 0.67 and 0.65)
   ar04     the same with every level's runs AR(1), lag-1 0.4
   drift    issue 26's "drift 0.5% a run": the simulator's spread at C=32, the machine
            drifting linearly 0.5% a run (up or down, each trial's own sign), through the
@@ -98,12 +100,13 @@ class Model:
     fresh: bool = False
 
 
-def models(walk: float = 0.005) -> list[Model]:
+def models(walk: float = 0.005, sim_ar: float | None = None) -> list[Model]:
     quick = BUILTIN_PROFILES["quick"].with_overrides(concurrency=(8, 32), tolerance=0.0)
     users = BUILTIN_PROFILES["users"].with_overrides(tolerance=0.0)
     sweep = users.with_overrides(levels={1: LevelPolicy(tolerance=0.08)})
     swap = users.baseline_runs()
     prompted = USERS_PROMPTED.prompted(1)
+    sim = SIM_NOISE if sim_ar is None else replace(SIM_NOISE, ar={**SIM_NOISE.ar, 8: sim_ar})
     users3 = Noise("users3", {c: USERS_RESIDUAL for c in (1, 30, 250)},
                    prompt={c: prompted / c ** 0.5 for c in (1, 30, 250)}, walk=0.001)
     return [
@@ -111,7 +114,7 @@ def models(walk: float = 0.005) -> list[Model]:
               users.with_overrides(concurrency=(1,)), stored=True, stored_runs=swap, fresh=True),
         Model("users3", "C=1 -8%, C=30,250 must not lose, swap", users3, sweep,
               stored=True, stored_runs=swap, fresh=True),
-        Model("sim", "C=8,32 must not lose, live (ABBA)", SIM_NOISE, quick, stored=False),
+        Model("sim", "C=8,32 must not lose, live (ABBA)", sim, quick, stored=False),
         Model("ar04", "the same, runs AR(1) 0.4 (undeclared)",
               replace(SIM_NOISE, ar={8: 0.4, 32: 0.4}), quick, stored=False),
         Model("drift", "C=32 must not lose, swap, linear 0.5%/run",
@@ -165,11 +168,12 @@ def ratios(m: Model, offset: float | None) -> dict[int, float]:
             for c in m.profile.concurrency}
 
 
-def cell(args: tuple[int, int, int, int, int, str, float, float | None]) -> Rates:
-    mi, oi, trials, seed, gap, within, walk, allow = args
-    m = models(walk)[mi]
+def cell(args: tuple[int, int, int, int, int, str, float, float | None, float | None, float | None]) -> Rates:
+    mi, oi, trials, seed, gap, within, walk, allow, sim_ar, rho = args
+    m = models(walk, sim_ar)[mi]
     profile = m.profile.with_overrides(within_gate_drift=within) if within else m.profile
     profile = profile.with_overrides(within_gate_walk=allow) if allow is not None else profile
+    profile = profile.with_overrides(run_correlation=rho) if rho is not None else profile
     return rates(profile, m.noise, ratios(m, OFFSETS[oi][1]), stored=m.stored,
                  stored_runs=m.stored_runs, trials=trials, seed=seed + 1000 * mi + oi,
                  fresh=m.fresh, gap=gap)
@@ -189,6 +193,10 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
                     help="the walk cells' random walk, sd a run pair (default 0.005)")
     ap.add_argument("--within-gate-walk", type=float, default=None,
                     help="every cell's profile with this within_gate_walk (default: the profile's)")
+    ap.add_argument("--sim-ar", type=float, default=None,
+                    help="the sim cell's lag-1 autocorrelation at C=8 (default: SIM_NOISE's 0.4)")
+    ap.add_argument("--run-correlation", type=float, default=None,
+                    help="every cell's profile with this run_correlation (default: the profile's)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--models", default=",".join(m.name for m in models()),
                     help="comma-separated subset")
@@ -200,7 +208,8 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
     t0 = time.monotonic()
     chosen = [i for i, m in enumerate(models()) if m.name in args.models.split(",")]
     cells = [i for i, (k, _) in enumerate(OFFSETS) if k in args.cells.split(",")]
-    jobs = [(mi, oi, args.trials, args.seed, args.gap, args.within_gate_drift, args.walk, args.within_gate_walk)
+    jobs = [(mi, oi, args.trials, args.seed, args.gap, args.within_gate_drift, args.walk, args.within_gate_walk,
+             args.sim_ar, args.run_correlation)
             for mi in chosen for oi in cells]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -225,6 +234,9 @@ def main(argv: list[str] | None = None, echo: Callable[[str], None] = print) -> 
          + (f"walk {args.walk:g} a run pair, " if args.walk != 0.005 else "")
          + (f"within_gate_walk {args.within_gate_walk:g} in every cell, "
             if args.within_gate_walk is not None else "")
+         + (f"sim cell's C=8 runs correlated {args.sim_ar:g}, " if args.sim_ar is not None else "")
+         + (f"run_correlation {args.run_correlation:g} in every cell, "
+            if args.run_correlation is not None else "")
          + f"{time.monotonic() - t0:.0f} s")
     for mi in chosen:
         name = models()[mi].name

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,29 @@ def test_plan_reads_the_walk_the_swaps_showed() -> None:
                     + (": set within_gate_walk to keep the stated errors" if loud.walk > 0.05 else ""))
     assert loud.walk > 0.05
     assert "showed a random walk" not in plan_text(PROF, loud, stored=False, trials=10)  # live: ABBA
+
+
+def test_plan_says_when_the_runs_were_more_correlated_than_allowed_for(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs that rise and fall together (the simulator's C=8 on an idle machine: lag-1 0.65 and 0.67 in
+    two series of 30) are pooled from the ledger; past the profile's run_correlation + 0.1 the plan asks for
+    more, and `gate --run-correlation` is how to say it."""
+    slow = [400.0 * math.exp(0.01 * math.sin(i / 3.0)) for i in range(12)]  # a slow wave
+    db = tmp_path / "ledger.db"
+    with Ledger(db) as ledger:
+        for day in ("01", "02"):
+            ledger.record_gate(_result("base", f"2026-11-{day}T00:00:00+00:00", slow, slow))
+    xs = [math.log(x) for x in slow]
+    dev = [x - statistics.fmean(xs) for x in xs]
+    lag1 = sum(a * b for a, b in pairwise(dev)) / sum(d * d for d in dev)
+    args = ["gate", "--plan", "--ledger", str(db), "--concurrency", "1,8", "--tolerance", "0",
+            "--runs", "3", "--max-runs", "10", "--input-len", "128", "--output-len", "256"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    said = [ln for ln in out.splitlines() if ln.startswith("  successive runs were correlated")]
+    assert said == [f"  successive runs were correlated {lag1:.2f} (the profile assumes 0.4): set "
+                    "run_correlation (gate --run-correlation) to keep the stated errors"], out
+    assert main([*args, "--run-correlation", f"{lag1 - 0.05:.2f}"]) == 0
+    assert "successive runs were correlated" not in capsys.readouterr().out
+    assert main([*args, "--run-correlation", "0.9"]) == 2  # below 0.9 only
+    assert "--run-correlation" in capsys.readouterr().err

@@ -239,6 +239,9 @@ def _plan(ctx: click.Context, profile: Any, ledger: Path | None, *, baseline_fil
 @click.option("--within-gate-walk", "within_gate_walk", type=click.FloatRange(0, 1, max_open=True),
               help="under auto, the random walk of the machine a swap compared plain allows for, "
                    "a run, as a ratio of a pair's own variance (default 0.05; 0: none)")
+@click.option("--run-correlation", "run_correlation", type=click.FloatRange(0, 0.9, max_open=True),
+              help="the largest lag-1 correlation of successive runs the boundaries allow for "
+                   "(default 0.4; `--plan` shows what the ledger's runs had)")
 @click.option("--plan", "plan_only", is_flag=True,
               help="print the expected run counts and duration at the noise the ledger has "
                    "seen (--ledger, else the project's) and exit; measures nothing")
