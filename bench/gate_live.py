@@ -7,10 +7,13 @@
    run i's prompts (what the gate does) or on another run's; the sd of log(cand_i / inc_i).
 2. The Done-when of issue 26 for the gate itself: two identical simulators (`stackbuild
    sim`, baseline profile), `stackbuild gate --url CAND --baseline-url INC --concurrency
-   8,32 --tolerance 0 --max-runs N` (builtin `quick`: must not lose, margin 2%; N = 30 by
-   default: at the simulator's spread and its runs' correlation, which the gate's default
-   run_correlation of 0.4 allows for, 15 runs decide an equal build under half the time,
-   docs/gate.md), --tries times; then a
+   8,32 --tolerance 0 --max-runs N --min-requests M` (builtin `quick`: must not lose, margin
+   2%; N = 30 by default: at the simulator's spread and its runs' correlation, which the
+   gate's default run_correlation of 0.4 allows for, 15 runs decide an equal build under half
+   the time, docs/gate.md; M = 32 by default: quick's 8 requests a run at C=8 take 1.2 s,
+   shorter than the simulator's drift epochs, and successive runs then correlate 0.65-0.67
+   on an idle machine, past the 0.4 the boundaries allow for; 32 requests, 4.8 s a run as
+   long as C=32's, read +0.06), --tries times; then a
    candidate at `--speed 0.9` (10% slower), --slow-tries times. Each gate is the CLI in a
    subprocess, as a user runs it; its exit code and summary are printed.
 
@@ -52,11 +55,12 @@ def paired_spread(runs: int, speed: float) -> tuple[float, float]:
     return statistics.stdev(same), statistics.stdev(other)
 
 
-def gate(cand: str, inc: str, max_runs: int) -> tuple[int, str]:
+def gate(cand: str, inc: str, max_runs: int, min_requests: int) -> tuple[int, str]:
     t0 = time.monotonic()
     got = subprocess.run([sys.executable, "-m", "stackbuild", "gate", "--url", cand,
                           "--baseline-url", inc, "--concurrency", "8,32", "--tolerance", "0",
-                          "--max-runs", str(max_runs), "--no-progress"],
+                          "--max-runs", str(max_runs), "--min-requests", str(min_requests),
+                          "--no-progress"],
                          capture_output=True, text=True, timeout=1800)
     runs = [ln.split("|")[2].strip() for ln in got.stdout.splitlines()
             if ln.startswith(("| 8 |", "| 32 |"))]
@@ -74,6 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tries", type=int, default=5)
     ap.add_argument("--slow-tries", type=int, default=3)
     ap.add_argument("--max-runs", type=int, default=30, help="the gate's max runs a level")
+    ap.add_argument("--min-requests", type=int, default=32,
+                    help="the gate's requests a run at least (default 32: C=8's runs as long as "
+                         "C=32's, ~3-5 s, past the simulator's drift epochs; 0: quick's 8 at C=8)")
     args = ap.parse_args(argv)
     same = other = math.nan
     if args.runs > 1:
@@ -85,13 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     with sim() as inc:
         for i in range(args.tries):
             with sim() as cand:
-                rc, said = gate(cand.url, inc.url, args.max_runs)
+                rc, said = gate(cand.url, inc.url, args.max_runs, args.min_requests)
             passed += rc == 0
             failed += rc == 1
             print(f"identical {i + 1}: exit {rc} {verdict.get(rc, 'error')}; {said}", flush=True)
         for i in range(args.slow_tries):
             with sim("--speed", "0.9") as cand:
-                rc, said = gate(cand.url, inc.url, args.max_runs)
+                rc, said = gate(cand.url, inc.url, args.max_runs, args.min_requests)
             slow_failed += rc == 1
             print(f"10% slower {i + 1}: exit {rc} {verdict.get(rc, 'error')}; {said}", flush=True)
     print(f"gate_live: same_prompts_sd={same:.4f} different_prompts_sd={other:.4f} runs={args.runs}")

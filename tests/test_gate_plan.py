@@ -257,7 +257,8 @@ def test_plan_says_when_the_runs_were_more_correlated_than_allowed_for(
     out = capsys.readouterr().out
     said = [ln for ln in out.splitlines() if ln.startswith("  successive runs were correlated")]
     assert said == [f"  successive runs were correlated {lag1:.2f} (the profile assumes 0.4): set "
-                    "run_correlation (gate --run-correlation) to keep the stated errors"], out
+                    "run_correlation (gate --run-correlation) to keep the stated errors, or make the runs longer "
+                    "(more requests a run: min_requests) than the machine's slow states last"], out
     assert main([*args, "--run-correlation", f"{lag1 - 0.05:.2f}"]) == 0
     assert "successive runs were correlated" not in capsys.readouterr().out
     assert main([*args, "--run-correlation", "0.9"]) == 2  # below 0.9 only

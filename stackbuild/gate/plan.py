@@ -258,7 +258,8 @@ def plan_text(profile: GateProfile, noise: NoiseSeen, *, stored: bool, name: str
     if noise.correlation is not None and noise.correlation > profile.run_correlation + 0.1:
         lines.append(f"  successive runs were correlated {noise.correlation:.2f} (the profile assumes "
                      f"{profile.run_correlation:g}): set run_correlation (gate --run-correlation) to keep the "
-                     "stated errors")
+                     "stated errors, or make the runs longer (more requests a run: min_requests) "
+                     "than the machine's slow states last")
     if noise.walk is not None and stored and fresh:
         lines.append(f"  the swaps' pairs showed a random walk of {noise.walk:.3g} of a pair's variance a run "
                      f"({noise.walk_pairs} pairs; the profile allows for {profile.within_gate_walk:g})"
