@@ -15,7 +15,15 @@ import pytest
 
 from stackbuild.errors import InfraError, InputError
 from stackbuild.host import ssh
-from stackbuild.host.ssh import HostAddress, SshOptions, connect_error, connect_kwargs, load_host_keys, retrying
+from stackbuild.host.ssh import (
+    HostAddress,
+    SshOptions,
+    connect_error,
+    connect_kwargs,
+    load_host_keys,
+    parse_host,
+    retrying,
+)
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +133,34 @@ def test_connect_to_a_port_nothing_listens_on_fails_in_one_line(tmp_path: Path) 
     text = str(err.value)
     assert text.startswith(f"SSH to root@127.0.0.1:{port}: cannot connect within 2s (1 attempts): ")
     assert text.endswith("; check that the host is up and sshd listens on that port") and "\n" not in text
+
+
+class _DeadConnection:
+    """fabric's Connection as the deploy leaves it when the SSH session died: its SFTP session (every
+    put_text opens one) is closed first, and paramiko raises from there (seen as EOFError in a CI run:
+    the kill happened before paramiko's transport thread noticed)."""
+
+    transport = None
+
+    def __init__(self, err: BaseException) -> None:
+        self.err = err
+        self.closes = 0
+
+    def close(self) -> None:
+        self.closes += 1
+        raise self.err
+
+
+@pytest.mark.parametrize("err", [EOFError(), OSError("Socket is closed"), paramiko.SSHException("dead")])
+def test_closing_a_dead_connection_never_raises(err: BaseException) -> None:
+    """Raised from close, EOFError became click's Abort ("stackbuild: aborted", exit 4) and the deploy
+    skipped its recovery over a new connection, leaving the host's pending marker and a stopped incumbent."""
+    conn = _DeadConnection(err)
+    ssh.FabricRemote(conn, parse_host("root@127.0.0.1:2222"), SshOptions()).close()
+    assert conn.closes == 1
+
+
+def test_closing_raises_what_is_not_a_dead_connection() -> None:
+    conn = _DeadConnection(ValueError("a bug of ours"))
+    with pytest.raises(ValueError, match="a bug of ours"):
+        ssh.FabricRemote(conn, parse_host("root@127.0.0.1:2222"), SshOptions()).close()
