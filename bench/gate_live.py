@@ -17,7 +17,13 @@
    candidate at `--speed 0.9` (10% slower), --slow-tries times. Each gate is the CLI in a
    subprocess, as a user runs it; its exit code and summary are printed.
 
+3. With --corr-runs N: how correlated successive runs at C=8 are, for each --corr-min-requests M:
+   the same two identical simulators, `stackbuild gate ... --concurrency 8 --runs N --max-runs N
+   --min-requests M --json FILE`, and from its runs the lag-1 autocorrelation of the paired
+   log differences (what the boundaries allow for up to `run_correlation`, 0.4 by default).
+
 Last lines:
+`gate_live: c8_lag1 min_requests=M lag1=R sd=S runs=N run_s=T` (one per M, with --corr-runs)
 `gate_live: same_prompts_sd=S different_prompts_sd=D runs=N`
 `gate_live: identical_pass=P/T identical_fail=F slower_fail=S/T`
 """
@@ -26,11 +32,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import json
 import math
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from stackbuild.gate import loadgen
 from stackbuild.gate.result import Workload
@@ -53,6 +63,27 @@ def paired_spread(runs: int, speed: float) -> tuple[float, float]:
                     out.append(math.log(cand.output_tok_s / inc.output_tok_s))
         asyncio.run(go())
     return statistics.stdev(same), statistics.stdev(other)
+
+
+def lag1(xs: list[float]) -> float:
+    """The lag-1 autocorrelation of a series (deviations from its mean)."""
+    m = statistics.fmean(xs)
+    dev = [x - m for x in xs]
+    return sum(a * b for a, b in itertools.pairwise(dev)) / sum(d * d for d in dev)
+
+
+def run_correlation(runs: int, min_requests: int) -> tuple[float, float, float]:
+    """(lag-1 autocorrelation, sd, mean run seconds) of log(cand_i / inc_i) over `runs` live ABBA
+    runs at C=8, every run measured (no early stop), by the CLI as a user runs it."""
+    with tempfile.TemporaryDirectory() as tmp, sim() as inc, sim() as cand:
+        out = Path(tmp) / "gate.json"
+        subprocess.run([sys.executable, "-m", "stackbuild", "gate", "--url", cand.url, "--baseline-url", inc.url,
+                        "--concurrency", "8", "--tolerance", "0", "--runs", str(runs), "--max-runs", str(runs),
+                        "--min-requests", str(min_requests), "--no-progress", "--json", str(out)],
+                       capture_output=True, text=True, timeout=3600, check=False)
+        level = json.loads(out.read_text())["levels"][0]
+    diffs = [math.log(r["output_tok_s"] / b) for r, b in zip(level["runs"], level["baseline_runs_tok_s"], strict=False)]
+    return lag1(diffs), statistics.stdev(diffs), statistics.fmean(r["duration_s"] for r in level["runs"])
 
 
 def gate(cand: str, inc: str, max_runs: int, min_requests: int) -> tuple[int, str]:
@@ -81,12 +112,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--min-requests", type=int, default=32,
                     help="the gate's requests a run at least (default 32: C=8's runs as long as "
                          "C=32's, ~3-5 s, past the simulator's drift epochs; 0: quick's 8 at C=8)")
+    ap.add_argument("--corr-runs", type=int, default=0,
+                    help="runs of the C=8 correlation part (default 0: skipped)")
+    ap.add_argument("--corr-min-requests", default="0,32",
+                    help="the correlation part's --min-requests values (default 0,32)")
     args = ap.parse_args(argv)
+    if args.corr_runs > 2:
+        for m in (int(x) for x in args.corr_min_requests.split(",")):
+            r, sd, secs = run_correlation(args.corr_runs, m)
+            print(f"gate_live: c8_lag1 min_requests={m} lag1={r:.2f} sd={sd:.4f} runs={args.corr_runs} "
+                  f"run_s={secs:.1f}", flush=True)
     same = other = math.nan
     if args.runs > 1:
         same, other = paired_spread(args.runs, args.speed)
         print(f"paired log ratio sd at C=1, eagle3-topk1-v2, {args.runs} runs: same prompts "
               f"{same:.2%}, different prompts {other:.2%}", flush=True)
+    if not (args.tries or args.slow_tries):
+        return
     verdict = {0: "pass", 1: "fail", 3: "inconclusive"}
     passed = failed = slow_failed = 0
     with sim() as inc:
