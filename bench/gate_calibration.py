@@ -25,8 +25,8 @@ Cells (stackbuild/gate/simulate.py says where each figure comes from):
   sim      the simulator's spread over HTTP, measured, its runs' autocorrelation included
            (lag-1 0.4 at C=8, 0.04 at C=32); the Done-when gate of issue 19: builtin
            `quick`, --concurrency 8,32 --tolerance 0, live incumbent in ABBA order
-           (`--sim-ar`: another correlation at C=8; on an idle machine two series of 30
-           runs read 0.67 and 0.65)
+           (`--sim-ar`: another correlation at C=8; on an idle machine three series of 30
+           runs read 0.67, 0.65 and 0.31)
   ar04     the same with every level's runs AR(1), lag-1 0.4
   drift    issue 26's "drift 0.5% a run": the simulator's spread at C=32, the machine
            drifting linearly 0.5% a run (up or down, each trial's own sign), through the

@@ -11,9 +11,9 @@
    2%; N = 30 by default: at the simulator's spread and its runs' correlation, which the
    gate's default run_correlation of 0.4 allows for, 15 runs decide an equal build under half
    the time, docs/gate.md; M = 32 by default: quick's 8 requests a run at C=8 take 1.2 s,
-   shorter than the simulator's drift epochs, and successive runs then correlate 0.65-0.67
-   on an idle machine, past the 0.4 the boundaries allow for; 32 requests, 4.8 s a run as
-   long as C=32's, read +0.06), --tries times; then a
+   shorter than the simulator's drift epochs, and successive runs then correlated 0.31-0.67
+   (mean 0.54) on an idle machine, past the 0.4 the boundaries allow for; 32 requests, 4.8 s
+   a run as long as C=32's, read +0.06 and +0.24), --tries times; then a
    candidate at `--speed 0.9` (10% slower), --slow-tries times. Each gate is the CLI in a
    subprocess, as a user runs it; its exit code and summary are printed.
 

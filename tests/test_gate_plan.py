@@ -240,8 +240,8 @@ def test_plan_reads_the_walk_the_swaps_showed() -> None:
 
 def test_plan_says_when_the_runs_were_more_correlated_than_allowed_for(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Runs that rise and fall together (the simulator's C=8 on an idle machine: lag-1 0.65 and 0.67 in
-    two series of 30) are pooled from the ledger; past the profile's run_correlation + 0.1 the plan asks for
+    """Runs that rise and fall together (the simulator's C=8 on an idle machine: lag-1 0.31-0.67 in
+    three series of 30) are pooled from the ledger; past the profile's run_correlation + 0.1 the plan asks for
     more, and `gate --run-correlation` is how to say it."""
     slow = [400.0 * math.exp(0.01 * math.sin(i / 3.0)) for i in range(12)]  # a slow wave
     db = tmp_path / "ledger.db"
