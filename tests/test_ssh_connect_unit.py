@@ -1,8 +1,10 @@
 """ssh.connect's pieces, each on its own: paramiko's arguments, the host keys it loads, the host key
-policy, what it retries, and the sentence each way of failing to connect gives (exit 4).
+policy, what it retries, and the sentence each way of failing to connect gives (exit 4); and closing a
+connection that died.
 
 Real paramiko objects (a client that never connects, keys made here) and a loopback port nothing
-listens on: no SSH server, no network.
+listens on: no SSH server, no network. Closing is shown on a stand-in for fabric's Connection that
+raises what paramiko raises from a dead transport.
 """
 
 from __future__ import annotations
