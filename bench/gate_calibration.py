@@ -171,9 +171,9 @@ def ratios(m: Model, offset: float | None) -> dict[int, float]:
 def cell(args: tuple[int, int, int, int, int, str, float, float | None, float | None, float | None]) -> Rates:
     mi, oi, trials, seed, gap, within, walk, allow, sim_ar, rho = args
     m = models(walk, sim_ar)[mi]
-    profile = m.profile.with_overrides(within_gate_drift=within) if within else m.profile
-    profile = profile.with_overrides(within_gate_walk=allow) if allow is not None else profile
-    profile = profile.with_overrides(run_correlation=rho) if rho is not None else profile
+    # None (or no --within-gate-drift) keeps the cell's own (GateProfile.with_overrides)
+    profile = m.profile.with_overrides(within_gate_drift=within or None, within_gate_walk=allow,
+                                       run_correlation=rho)
     return rates(profile, m.noise, ratios(m, OFFSETS[oi][1]), stored=m.stored,
                  stored_runs=m.stored_runs, trials=trials, seed=seed + 1000 * mi + oi,
                  fresh=m.fresh, gap=gap)

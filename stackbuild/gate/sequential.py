@@ -268,10 +268,15 @@ def robust(xs: Sequence[float]) -> tuple[float, float, int]:
     return est, var, n - 2 * g - 1
 
 
+def _seeded(seed: str) -> np.random.Generator:
+    """A generator seeded by a design's description: the same paths for the same design, run to run."""
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big"))
+
+
 def _null_draws(paired: bool, last: int, stored_runs: int, rho: float, seed: str) -> tuple[np.ndarray, np.ndarray]:
     """The seeded null simulation's runs: (CALIBRATION_PATHS x last candidate runs, or paired
     differences; CALIBRATION_PATHS x max(1, stored_runs) stored runs, zeros when paired)."""
-    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big"))
+    rng = _seeded(seed)
     m = max(1, stored_runs)
     xs = ar1_rows(rng, CALIBRATION_PATHS, last, rho)
     return xs, (np.zeros((CALIBRATION_PATHS, m)) if paired else ar1_rows(rng, CALIBRATION_PATHS, m, rho))
@@ -295,8 +300,7 @@ def _null_paths(paired: bool, first: int, last: int, stored_runs: int, rho: floa
     xs, base = _null_draws(paired, last, stored_runs, rho, seed)
     if walk and walked:
         seed += f":walk{walk}:{gap}"
-        rng = np.random.default_rng(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big"))
-        xs = xs + trend.walk_rows(rng, len(xs), last, gap, walk)
+        xs = xs + trend.walk_rows(_seeded(seed), len(xs), last, gap, walk)
     m = base.shape[1]
     mi, vi = trimmed_rows(base, trim_count(m)) if m >= 2 and not paired else (base[:, 0], None)
     cols = []

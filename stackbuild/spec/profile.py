@@ -174,8 +174,8 @@ class GateProfile(BaseModel):
     # share its runs; live costs the candidate's runs again, stored its max_runs
     incumbent: Literal["stored", "live"] = "live"
     # the largest lag-1 autocorrelation of a server's successive runs the boundaries are sized
-    # for (the test estimates it from the runs and widens its interval by it; 0.4: the
-    # simulator's runs at C=8); `gate --plan` shows what the ledger's runs had
+    # for (declared, not estimated from a gate's own runs: docs/gate.md says why; 0.4: the
+    # simulator's runs at C=8 under load); `gate --plan` shows what the ledger's runs had
     run_correlation: float = Field(default=0.4, ge=0, lt=0.9)
     baseline_max_age_s: float = Field(default=7 * 86400.0, gt=0)
     # runs a gate with nothing to compare takes (it may become a stored baseline); None: max_runs.
